@@ -7,6 +7,7 @@ Everything here is trusted code: the sandbox keeps untrusted strategies on the o
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 DIRECTIONS = ("up", "left", "down", "right")  # the order a `keys` alphabet is written in
@@ -116,18 +117,16 @@ class GameBoard:
         probability_fours: float = 0.10,
         seed: int | None = None,
         keys: str = DEFAULT_KEYS,
+        max_idle_moves: int | None = None,
     ):
         if isinstance(size, bool) or not isinstance(size, int) or size < 2:
             raise ValueError(f"size must be an integer >= 2, got {size!r}")
-        if (
-            isinstance(target, bool)
-            or not isinstance(target, int)
-            or target < 4
-            or target & (target - 1)
-        ):
+        if isinstance(target, bool) or not isinstance(target, int) or target < 4 or target & (target - 1):
             raise ValueError(f"target must be a power of two >= 4, got {target!r}")
-        if isinstance(probability_fours, bool) or not isinstance(probability_fours, (int, float)) or not (
-            0.0 <= probability_fours <= 1.0
+        if (
+            isinstance(probability_fours, bool)
+            or not isinstance(probability_fours, (int, float))
+            or not (0.0 <= probability_fours <= 1.0)
         ):
             raise ValueError(f"probability_fours must be a number in [0, 1], got {probability_fours!r}")
         self.size, self.target, self.probability_fours = size, target, float(probability_fours)
@@ -138,7 +137,9 @@ class GameBoard:
         self._score = 0
         self._max_tile = 0
         self._invalid = False
-        self.moves = 0
+        self.moves = 0  # moves that changed the board
+        self.idle_moves = 0  # keys in a row that changed nothing
+        self.max_idle_moves = max_idle_moves
         self._spawn()
         self._spawn()
 
@@ -163,8 +164,10 @@ class GameBoard:
             return False
         new_rows, gained = _move_rows(self._rows, direction)
         if new_rows == self._rows:
+            self.idle_moves += 1
             return False
         self.moves += 1
+        self.idle_moves = 0
         self._rows = new_rows
         self._score += gained
         if gained:
@@ -177,6 +180,8 @@ class GameBoard:
             return "success"
         if self._invalid or not can_move(self._rows):
             return "failed"
+        if self.max_idle_moves is not None and self.idle_moves >= self.max_idle_moves:
+            return "failed"  # a strategy that repeats a useless key would otherwise play forever
         return "ongoing"
 
     def board(self) -> list[list[int]]:
@@ -193,6 +198,31 @@ class GameBoard:
         return render_text(self._rows)
 
 
+MAX_IDLE_MOVES = 100  # play_game's cut-off for strategies stuck on keys that change nothing
+
+
+def strategy_seed(seed: int | None) -> int | None:
+    """Seed for the strategy's own `random` module: fixed per game, but one-way, so a strategy that
+    reads its generator learns nothing about the engine's (a plain `seed` would replay the spawns)."""
+    if seed is None:
+        return None
+    return int.from_bytes(hashlib.sha256(f"train_2048/strategy/{seed}".encode()).digest()[:8], "big")
+
+
+def play_game(strategy, *, seed=None, max_idle_moves: int = MAX_IDLE_MOVES, **board_kwargs) -> GameBoard:
+    """Play one game to its end; the strategy sees a fresh copy of the board each move.
+
+    The one game loop for direct play and the sandbox's referee: `strategy(board) -> key`, and any
+    exception it raises propagates. Python's global `random` is seeded with strategy_seed(seed) first,
+    so a randomised strategy plays the same game in this process and in a sandbox child.
+    """
+    game = GameBoard(seed=seed, max_idle_moves=max_idle_moves, **board_kwargs)
+    random.seed(strategy_seed(seed))
+    while game.state() == "ongoing":
+        game.do_action(strategy(game.board()))
+    return game
+
+
 def render_text(board) -> str:
     """Aligned plain-text board; empty cells are dots."""
     width = max(len(str(v)) for r in board for v in r)
@@ -200,9 +230,18 @@ def render_text(board) -> str:
 
 
 _TILE_STYLES = {
-    0: "grey50 on grey15", 2: "black on grey85", 4: "black on wheat1", 8: "white on dark_orange",
-    16: "white on orange_red1", 32: "white on red1", 64: "white on red3", 128: "black on yellow1",
-    256: "black on gold1", 512: "black on yellow3", 1024: "white on green3", 2048: "white on green4",
+    0: "grey50 on grey15",
+    2: "black on grey85",
+    4: "black on wheat1",
+    8: "white on dark_orange",
+    16: "white on orange_red1",
+    32: "white on red1",
+    64: "white on red3",
+    128: "black on yellow1",
+    256: "black on gold1",
+    512: "black on yellow3",
+    1024: "white on green3",
+    2048: "white on green4",
 }
 
 
