@@ -1,7 +1,9 @@
 """The 2048 game: exact original rules, seeded, fast.
 
 Rows are slid through a memo keyed by the row's tuple: a 6x6 game revisits the same few thousand rows
-millions of times, so after warm-up a move costs N dict look-ups instead of N Python merge loops.
+millions of times, so after warm-up a move costs N dict look-ups instead of N Python merge loops. The
+state is settled once per move instead of rescanned per call, and a spawn finds its cell from per-row
+counts instead of listing every empty cell (bench/bench_engine.py measures the gain).
 Everything here is trusted code: the sandbox keeps untrusted strategies on the other side of a pipe.
 """
 
@@ -31,39 +33,59 @@ def _slide_row_left(row: tuple) -> tuple[tuple, int]:
     return tuple(out), gained
 
 
-_LEFT: dict[tuple, tuple[tuple, int]] = {}  # row -> (slid row, gained); bounded by the rows a game visits
-_RIGHT: dict[tuple, tuple[tuple, int]] = {}
-_MEMO_LIMIT = 1 << 20
+class _SlideMemo(dict):
+    """line -> (slid line, points, its largest tile if anything merged else 0, empty cells), on first sight.
+
+    A dict subclass so a move is one C-level `map(memo.__getitem__, lines)`; an unchanged line maps to
+    itself, so comparing the boards before and after mostly compares identities.
+    """
+
+    def __init__(self, toward_end: bool):
+        super().__init__()
+        self.toward_end = toward_end
+
+    def __missing__(self, row: tuple) -> tuple[tuple, int, int, int]:
+        if self.toward_end:
+            slid, gained = _slide_row_left(row[::-1])
+            slid = slid[::-1]
+        else:
+            slid, gained = _slide_row_left(row)
+        hit = (row if slid == row else slid, gained, max(slid) if gained else 0, slid.count(0))
+        if len(self) < _MEMO_LIMIT:
+            self[row] = hit
+        return hit
 
 
-def _left(row: tuple) -> tuple[tuple, int]:
-    hit = _LEFT.get(row)
-    if hit is None:
-        hit = _slide_row_left(row)
-        if len(_LEFT) < _MEMO_LIMIT:
-            _LEFT[row] = hit
-    return hit
+class _EmptyCellsMemo(dict):
+    """row -> indices of its empty cells, so a spawn need not scan the board cell by cell."""
+
+    def __missing__(self, row: tuple) -> tuple[int, ...]:
+        hit = tuple(j for j, v in enumerate(row) if not v)
+        if len(self) < _MEMO_LIMIT:
+            self[row] = hit
+        return hit
 
 
-def _right(row: tuple) -> tuple[tuple, int]:
-    hit = _RIGHT.get(row)
-    if hit is None:
-        slid, gained = _slide_row_left(row[::-1])
-        hit = (slid[::-1], gained)
-        if len(_RIGHT) < _MEMO_LIMIT:
-            _RIGHT[row] = hit
-    return hit
+_MEMO_LIMIT = 1 << 20  # entries per memo; bounded by the rows games visit, a few MB at most
+_TOWARD_START = _SlideMemo(toward_end=False).__getitem__  # left, or up on columns
+_TOWARD_END = _SlideMemo(toward_end=True).__getitem__  # right, or down on columns
+_EMPTY_CELLS = _EmptyCellsMemo().__getitem__
 
 
-def _move_rows(rows: list[tuple], direction: str) -> tuple[list[tuple], int]:
-    """Slide a board held as a list of row tuples; returns the new rows and the points gained."""
-    if direction == "left" or direction == "right":
-        slide = _left if direction == "left" else _right
-        results = [slide(r) for r in rows]
-        return [r for r, _ in results], sum(g for _, g in results)
-    slide = _left if direction == "up" else _right
-    results = [slide(c) for c in zip(*rows)]
-    return list(zip(*[c for c, _ in results])), sum(g for _, g in results)
+# direction -> (line memo, whether the lines are columns)
+_SLIDES = {
+    "up": (_TOWARD_START, True),
+    "left": (_TOWARD_START, False),
+    "down": (_TOWARD_END, True),
+    "right": (_TOWARD_END, False),
+}
+
+
+def _move_rows(rows: tuple, direction: str) -> tuple[tuple, int]:
+    """Slide a board held as a tuple of row tuples; returns the new rows and the points gained."""
+    slide, vertical = _SLIDES[direction]
+    new, gains, _, _ = zip(*map(slide, tuple(zip(*rows)) if vertical else rows))
+    return (tuple(zip(*new)) if vertical else new), sum(gains)
 
 
 def key_map(keys: str = DEFAULT_KEYS) -> dict[str, str]:
@@ -85,7 +107,7 @@ def apply_move(board, key, keys: str = DEFAULT_KEYS) -> tuple[list[list[int]], i
     direction = parse_key(key, key_map(keys))
     if direction is None:
         raise ValueError(f"key must be one of {keys!r} (any case), got {key!r}")
-    rows = [tuple(r) for r in board]
+    rows = tuple(tuple(r) for r in board)
     if not rows or any(len(r) != len(rows) for r in rows):
         raise ValueError("board must be a non-empty square list of lists")
     new_rows, gained = _move_rows(rows, direction)
@@ -105,6 +127,22 @@ def can_move(rows) -> bool:
             if a == b:
                 return True
     return False
+
+
+def _spawn(rows: tuple, row_empties, empty_cells: int, rng: random.Random, probability_fours: float) -> tuple:
+    """A 2 or a 4 on a uniformly drawn empty cell, counted in row-major order: (new rows, i, j, value).
+
+    `row_empties` (empty cells per row, or None to look them up) saves the look-ups after a sideways move.
+    """
+    k = rng.randrange(empty_cells)
+    for i, empties in enumerate(row_empties or map(len, map(_EMPTY_CELLS, rows))):  # noqa: B007
+        if k < empties:
+            break
+        k -= empties
+    row = rows[i]
+    j = _EMPTY_CELLS(row)[k]
+    value = 4 if rng.random() < probability_fours else 2
+    return rows[:i] + (row[:j] + (value,) + row[j + 1 :],) + rows[i + 1 :], i, j, value
 
 
 class GameBoard:
@@ -132,57 +170,85 @@ class GameBoard:
         self.size, self.target, self.probability_fours = size, target, float(probability_fours)
         self.keys = keys
         self._keys = key_map(keys)
+        self._slides_by_key: dict[str, tuple] = {}  # exact str key -> _SLIDES entry, filled as keys are seen
         self._rng = random.Random(seed)
-        self._rows = [(0,) * size for _ in range(size)]
+        self._columns = None  # the rows transposed, kept while vertical moves follow each other
         self._score = 0
-        self._max_tile = 0
-        self._invalid = False
+        self._state = "ongoing"  # from the board and the keys; idle moves are checked live in state()
         self.moves = 0  # moves that changed the board
         self.idle_moves = 0  # keys in a row that changed nothing
         self.max_idle_moves = max_idle_moves
-        self._spawn()
-        self._spawn()
+        rows = ((0,) * size,) * size
+        rows = _spawn(rows, None, size * size, self._rng, self.probability_fours)[0]
+        self._set_rows(_spawn(rows, None, size * size - 1, self._rng, self.probability_fours)[0])
 
-    def _spawn(self) -> None:
-        empties = [(i, j) for i, r in enumerate(self._rows) for j, v in enumerate(r) if not v]
-        if not empties:
-            return
-        i, j = empties[self._rng.randrange(len(empties))]
-        value = 4 if self._rng.random() < self.probability_fours else 2
-        row = list(self._rows[i])
-        row[j] = value
-        self._rows[i] = tuple(row)
-        self._max_tile = max(self._max_tile, value)
+    def _set_rows(self, board) -> None:
+        """Put the game in a position and settle its state (the start, and tests); score and counters stay."""
+        rows = tuple(tuple(r) for r in board)
+        if len(rows) != self.size or any(len(r) != self.size for r in rows):
+            raise ValueError(f"board must be {self.size}x{self.size}")
+        self._rows, self._columns = rows, None
+        if max(map(max, rows)) >= self.target:
+            self._state = "success"
+        else:
+            self._state = "ongoing" if can_move(rows) else "failed"
 
     def do_action(self, key) -> bool:
-        """Play one key; True if the board changed. A key outside the alphabet ends the game as failed."""
-        if self.state() != "ongoing":
+        """Play one key; True if the board changed. A key outside the alphabet ends the game as failed.
+
+        The hot loop of every game, so the spawn and the state update are written out here.
+        """
+        if self._state != "ongoing" or (self.max_idle_moves is not None and self.idle_moves >= self.max_idle_moves):
             return False
-        direction = parse_key(key, self._keys)
-        if direction is None:
-            self._invalid = True
-            return False
-        new_rows, gained = _move_rows(self._rows, direction)
-        if new_rows == self._rows:
+        slide = self._slides_by_key.get(key) if type(key) is str else None  # exact str: no lying __eq__
+        if slide is None:
+            direction = parse_key(key, self._keys)
+            if direction is None:
+                self._state = "failed"
+                return False
+            slide = _SLIDES[direction]
+            if type(key) is str and len(self._slides_by_key) < 64:
+                self._slides_by_key[key] = slide
+        slide, vertical = slide
+        if vertical:
+            lines = self._columns
+            if lines is None:
+                lines = self._columns = tuple(zip(*self._rows))
+        else:
+            lines = self._rows
+        new, gains, tops, empties = zip(*map(slide, lines))
+        if new == lines:
             self.idle_moves += 1
             return False
         self.moves += 1
         self.idle_moves = 0
-        self._rows = new_rows
-        self._score += gained
+        gained = sum(gains)
         if gained:
-            self._max_tile = max(self._max_tile, max(max(r) for r in new_rows))
-        self._spawn()
+            self._score += gained
+            if max(tops) >= self.target:
+                self._state = "success"
+        empty_cells = sum(empties)  # at least one: a line that changed without merging had a gap
+        if vertical:
+            rows, i, j, value = _spawn(tuple(zip(*new)), None, empty_cells, self._rng, self.probability_fours)
+        else:
+            rows, i, j, value = _spawn(new, empties, empty_cells, self._rng, self.probability_fours)
+        self._rows = rows
+        if vertical:
+            column = new[j]
+            self._columns = new[:j] + (column[:i] + (value,) + column[i + 1 :],) + new[j + 1 :]
+        else:
+            self._columns = None
+        if value >= self.target:
+            self._state = "success"
+        elif empty_cells == 1 and self._state == "ongoing" and not can_move(rows):
+            self._state = "failed"
         return True
 
     def state(self) -> str:
-        if self._max_tile >= self.target:
-            return "success"
-        if self._invalid or not can_move(self._rows):
-            return "failed"
-        if self.max_idle_moves is not None and self.idle_moves >= self.max_idle_moves:
+        """The game's state: "ongoing", "success" (a tile reached the target) or "failed" (stuck, bad key, idle)."""
+        if self._state == "ongoing" and self.max_idle_moves is not None and self.idle_moves >= self.max_idle_moves:
             return "failed"  # a strategy that repeats a useless key would otherwise play forever
-        return "ongoing"
+        return self._state
 
     def board(self) -> list[list[int]]:
         """A fresh copy: mutating it never touches the game."""
@@ -192,7 +258,7 @@ class GameBoard:
         return self._score
 
     def max_tile(self) -> int:
-        return self._max_tile
+        return max(map(max, self._rows))  # tiles never shrink, so the board's largest is the game's
 
     def __str__(self) -> str:
         return render_text(self._rows)

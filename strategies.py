@@ -1,0 +1,250 @@
+"""Baseline 2048 players, written the way a model must answer: one self-contained function each.
+
+Every player keeps its imports and helpers inside its own body and uses only `random`, `math`,
+`itertools` and `functools`, because `source(name)` ships it as a string into a sandbox that allows
+nothing else. The baselines put the reward in context: on 6x6 even random play reaches 2048.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import statistics
+import textwrap
+from collections import Counter
+
+import game2048
+
+
+def random_strategy(board):
+    """Uniform random key. Uses the module-level `random` so a seeded game replays in a sandbox child."""
+    import random
+
+    return random.choice("WASD")
+
+
+def greedy_strategy(board):
+    """One ply: the changing move that leaves the most empty cells, then the most points."""
+
+    def slide(line):
+        tiles = [v for v in line if v]
+        out, gained, i = [], 0, 0
+        while i < len(tiles):
+            if i + 1 < len(tiles) and tiles[i] == tiles[i + 1]:
+                out.append(tiles[i] * 2)
+                gained += tiles[i] * 2
+                i += 2
+            else:
+                out.append(tiles[i])
+                i += 1
+        return out + [0] * (len(line) - len(out)), gained
+
+    def move(rows, key):
+        if key in "WS":
+            rows = [list(c) for c in zip(*rows)]
+        if key in "DS":
+            rows = [r[::-1] for r in rows]
+        slid = [slide(r) for r in rows]
+        new, gained = [r for r, _ in slid], sum(g for _, g in slid)
+        if key in "DS":
+            new = [r[::-1] for r in new]
+        if key in "WS":
+            new = [list(c) for c in zip(*new)]
+        return new, gained
+
+    rows = [list(r) for r in board]
+    best, best_value = None, None
+    for key in "ASDW":
+        new, gained = move(rows, key)
+        if new == rows:
+            continue
+        value = (sum(r.count(0) for r in new), gained)
+        if best_value is None or value > best_value:
+            best, best_value = key, value
+    return best or "A"
+
+
+def corner_strategy(board):
+    """Keep the largest tile in the bottom-left corner: prefer left and down, then right, up last.
+
+    Among left/down it takes the move that keeps the corner, then leaves the most empty cells; right
+    and up are played only when neither left nor down changes the board.
+    """
+
+    def slide(line):
+        tiles = [v for v in line if v]
+        out, i = [], 0
+        while i < len(tiles):
+            if i + 1 < len(tiles) and tiles[i] == tiles[i + 1]:
+                out.append(tiles[i] * 2)
+                i += 2
+            else:
+                out.append(tiles[i])
+                i += 1
+        return out + [0] * (len(line) - len(out))
+
+    def move(rows, key):
+        if key in "WS":
+            rows = [list(c) for c in zip(*rows)]
+        if key in "DS":
+            rows = [r[::-1] for r in rows]
+        new = [slide(r) for r in rows]
+        if key in "DS":
+            new = [r[::-1] for r in new]
+        if key in "WS":
+            new = [list(c) for c in zip(*new)]
+        return new
+
+    rows = [list(r) for r in board]
+    best, best_value = None, None
+    for key in "AS":
+        new = move(rows, key)
+        if new == rows:
+            continue
+        top = max(max(r) for r in new)
+        value = (new[-1][0] == top, sum(r.count(0) for r in new), key == "A")
+        if best_value is None or value > best_value:
+            best, best_value = key, value
+    if best:
+        return best
+    for key in "DW":
+        if move(rows, key) != rows:
+            return key
+    return "A"
+
+
+def expectimax_strategy(board):
+    """Depth-limited expectimax: our moves are max nodes, tile spawns chance nodes (2 at 0.9, 4 at 0.1).
+
+    Depth grows as the board fills (that is where a mistake loses the game) and chance nodes look at
+    no more than four evenly spread empty cells, so a move costs a few ms even on 6x6. The leaf
+    heuristic scores each row and column (empty cells, mergeable pairs, monotone ranks, minus a
+    growing cost per tile so that merging pays) and adds a bonus for the largest tile in a corner.
+    """
+    import math
+
+    slide_memo = {}
+    line_memo = {}
+
+    def slide(line):
+        hit = slide_memo.get(line)
+        if hit is None:
+            tiles = [v for v in line if v]
+            out, gained, i = [], 0, 0
+            while i < len(tiles):
+                if i + 1 < len(tiles) and tiles[i] == tiles[i + 1]:
+                    out.append(tiles[i] * 2)
+                    gained += tiles[i] * 2
+                    i += 2
+                else:
+                    out.append(tiles[i])
+                    i += 1
+            hit = tuple(out + [0] * (len(line) - len(out)))
+            slide_memo[line] = hit
+        return hit
+
+    def move(rows, key):
+        if key == "A":
+            return tuple(slide(r) for r in rows)
+        if key == "D":
+            return tuple(slide(r[::-1])[::-1] for r in rows)
+        if key == "W":
+            return tuple(zip(*[slide(c) for c in zip(*rows)]))
+        return tuple(zip(*[slide(c[::-1])[::-1] for c in zip(*rows)]))
+
+    def line_score(line):
+        hit = line_memo.get(line)
+        if hit is None:
+            ranks = [int(math.log2(v)) if v else 0 for v in line]
+            empty = ranks.count(0)
+            merges, previous = 0, 0
+            for r in ranks:
+                if r:
+                    if r == previous:
+                        merges += 1
+                    previous = r
+            up = down = 0
+            for a, b in zip(ranks, ranks[1:]):
+                if a > b:
+                    down += a**4 - b**4
+                else:
+                    up += b**4 - a**4
+            mass = sum(r**3.5 for r in ranks)
+            hit = 270 * empty + 700 * merges - 47 * min(up, down) - 11 * mass
+            line_memo[line] = hit
+        return hit
+
+    def evaluate(rows):
+        score = sum(line_score(r) for r in rows) + sum(line_score(c) for c in zip(*rows))
+        top = max(max(r) for r in rows)
+        if top in (rows[0][0], rows[0][-1], rows[-1][0], rows[-1][-1]):
+            score += 500 * int(math.log2(top))
+        return score
+
+    def best_move(rows, depth):
+        best, best_value = None, -math.inf
+        for key in "ASDW":
+            new = move(rows, key)
+            if new == rows:
+                continue
+            value = chance(new, depth)
+            if value > best_value:
+                best, best_value = key, value
+        return best, best_value
+
+    def chance(rows, depth):
+        if depth <= 1:
+            return evaluate(rows)
+        empties = [(i, j) for i, r in enumerate(rows) for j, v in enumerate(r) if not v]
+        if not empties:
+            return evaluate(rows)
+        step = max(1, len(empties) // cap)
+        cells = empties[::step][:cap]
+        total = 0.0
+        for i, j in cells:
+            for tile, p in ((2, 0.9), (4, 0.1)):
+                spawned = rows[:i] + (rows[i][:j] + (tile,) + rows[i][j + 1 :],) + rows[i + 1 :]
+                _, value = best_move(spawned, depth - 1)
+                total += p * (value if value > -math.inf else -1e9)
+        return total / len(cells)
+
+    rows = tuple(tuple(r) for r in board)
+    free = sum(r.count(0) for r in rows)
+    depth, cap = (1, 0) if free > 12 else (2, 4) if free > 4 else (3, 4)
+    key, _ = best_move(rows, depth)
+    return key or "A"
+
+
+BASELINES = {
+    "random": random_strategy,
+    "greedy": greedy_strategy,
+    "corner": corner_strategy,
+    "expectimax": expectimax_strategy,
+}
+
+
+def source(name: str) -> str:
+    """The code a sandbox runs for a baseline: its source with the def line renamed to `strategy`."""
+    text = textwrap.dedent(inspect.getsource(BASELINES[name]))
+    renamed, count = re.subn(r"^def \w+\(board\):", "def strategy(board):", text, count=1, flags=re.M)
+    if count != 1:
+        raise ValueError(f"baseline {name!r} has no `def ...(board):` line")
+    return renamed
+
+
+def play_games(strategy, n: int, seed: int = 0, **board) -> dict:
+    """Play n seeded games (seeds seed..seed+n-1) and summarise them; board kwargs go to GameBoard."""
+    games = [game2048.play_game(strategy, seed=seed + i, **board) for i in range(n)]
+    scores = [g.score() for g in games]
+    max_tiles = [g.max_tile() for g in games]
+    moves = [g.moves for g in games]
+    return {
+        "games": n,
+        "win_rate": sum(g.state() == "success" for g in games) / n if n else 0.0,
+        "scores": scores,
+        "max_tiles": max_tiles,
+        "max_tile_counts": dict(sorted(Counter(max_tiles).items())),
+        "moves": moves,
+        "median_moves": statistics.median(moves) if moves else 0,
+        "median_score": statistics.median(scores) if scores else 0,
+    }
