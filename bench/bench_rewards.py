@@ -1,0 +1,90 @@
+"""Wall time to score one 16-completion batch with the default reward profile: the real reward function
+(deduplicated, every game of the batch at once through sandbox.play_many) against the same games played
+one after another (sandbox.play in a loop). Same seeds, interleaved repeats, medians.
+
+    .venv/bin/python bench/bench_rewards.py [--repeats 5]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import rewards  # noqa: E402
+import sandbox  # noqa: E402
+import strategies  # noqa: E402
+
+
+def batch() -> list[str]:
+    """A GRPO-like batch: mostly distinct strategies, a few duplicates, some broken and hostile ones."""
+    fence = "```python\n{}```".format
+    loop = "def strategy(board):\n    while True:\n        pass\n"
+    crash = "def strategy(board):\n    return board[9][9]\n"
+    cheat = "def strategy(board):\n    import os\n    return 'W'\n"
+    names = ["random", "greedy", "corner", "expectimax"]
+    good = [fence(strategies.source(n)) for n in names]
+    return good + good[:3] + [fence(loop), fence(crash), fence(cheat), "no code", fence(loop)] + good[1:]
+
+
+def serial(completions, settings, step):
+    """The same games, one at a time: what a reward function without parallelism or dedup does."""
+    seeds = rewards.game_seeds(settings, step, 0)
+    scores = []
+    for completion in completions:
+        a = rewards.analyse(completion)
+        if not (a.parsed and a.one_function and not a.cheats):
+            scores.append(0.0)
+            continue
+        results = [
+            sandbox.play(
+                a.code,
+                seed=seed,
+                size=settings.size,
+                target=settings.target,
+                probability_fours=settings.probability_fours,
+                keys=settings.keys,
+                move_time_limit=settings.move_time_limit,
+                game_time_limit=settings.game_time_limit,
+            )
+            for seed in seeds
+        ]
+        scores.append(sum(rewards.graded_game_score(r, settings.target) for r in results) / len(results))
+    return scores
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    sandbox.start()
+    settings = rewards.RewardSettings()
+    completions = batch()
+    assert len(completions) == 16
+    fast, slow = [], []
+    for r in range(args.repeats):
+        state = SimpleNamespace(global_step=r)
+        succeeds = rewards.reward_functions(settings)[2]
+        t = time.perf_counter()
+        got = succeeds(completions, trainer_state=state)
+        fast.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        want = serial(completions, settings, r)
+        slow.append(time.perf_counter() - t)
+        assert got == want, (got, want)  # same seeds, same scores: only the scheduling differs
+    f, s = statistics.median(fast), statistics.median(slow)
+    cores = len(os.sched_getaffinity(0))
+    print(
+        f"board {settings.size}x{settings.size}/{settings.target}, {settings.games} games per completion, {cores} cores"
+    )
+    print(f"reward function (parallel, deduplicated): median {f:.2f} s over {args.repeats} repeats")
+    print(f"serial, one game after another:          median {s:.2f} s")
+    print(f"speed-up: {s / f:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,364 @@
+"""Rewards: extraction from gpt-oss output, every reward case, both profiles, ranking, batches."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+import rewards
+import strategies
+from rewards import (
+    RewardSettings,
+    analyse,
+    build_dataset,
+    build_prompt,
+    extract_function,
+    function_works,
+    graded_game_score,
+    notebook_game_score,
+    reward_functions,
+)
+from sandbox import GameResult
+
+GOOD = 'def strategy(board):\n    import random\n    return random.choice("WASD")\n'
+
+
+def fenced(code, lang="python"):
+    return f"```{lang}\n{code}```"
+
+
+# --- extraction -------------------------------------------------------------------------------------
+
+
+def test_extract_raw_harmony_prefers_final_channel():
+    text = (
+        "<|channel|>analysis<|message|>Let me draft.\n"
+        + fenced("def strategy(board):\n    return 'W'\n")
+        + "<|end|><|start|>assistant<|channel|>final<|message|>Here it is:\n"
+        + fenced(GOOD)
+        + "<|return|>"
+    )
+    assert extract_function(text) == GOOD
+
+
+def test_extract_decoded_harmony_prefers_final_channel():
+    text = (
+        "analysisWe need a strategy. Maybe ```python\ndef strategy(board):\n    return 'S'\n```"
+        "assistantfinalSure.\n\n" + fenced(GOOD) + "\nThis picks randomly."
+    )
+    assert extract_function(text) == GOOD
+
+
+def test_extract_final_channel_without_code_is_none_even_if_analysis_has_code():
+    text = "analysis" + fenced(GOOD) + "assistantfinalI cannot answer that."
+    assert extract_function(text) is None
+
+
+def test_extract_fence_without_language_tag_and_prose_around():
+    assert extract_function("Sure!\n```\n" + GOOD + "```\nGood luck.") == GOOD
+
+
+def test_extract_takes_last_fence_that_defines_strategy():
+    other = "def strategy(board):\n    return 'A'\n"
+    text = fenced(other) + "\nBetter:\n" + fenced(GOOD) + "\nUsage:\n" + fenced("print(strategy(b))\n")
+    assert extract_function(text) == GOOD
+
+
+def test_extract_truncated_completion_with_unclosed_fence_is_none():
+    assert extract_function("assistantfinal```python\ndef strategy(board):\n    return random.ch") is None
+
+
+def test_extract_truncated_fence_after_a_complete_one_takes_the_complete_one():
+    text = fenced(GOOD) + "\nOr:\n```python\ndef strategy(board):\n    retu"
+    assert extract_function(text) == GOOD
+
+
+def test_extract_conversational_messages():
+    assert extract_function([{"role": "assistant", "content": fenced(GOOD)}]) == GOOD
+
+
+@pytest.mark.parametrize("text", ["", "no code here", fenced("print('hi')\n"), None, 42, [{"role": "user"}]])
+def test_extract_nothing(text):
+    assert extract_function(text) is None
+
+
+def test_extract_dedents_an_indented_block():
+    block = "  def strategy(board):\n      return 'W'\n"
+    assert extract_function(fenced(block)) == "def strategy(board):\n    return 'W'\n"
+
+
+# --- function_works ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "code, expected",
+    [
+        (GOOD, 1.0),
+        ("import math\n\ndef strategy(board):\n    return 'W'\n", 1.0),  # a top-level import is fine
+        ('"""doc"""\ndef strategy(b):\n    return "W"\n', 1.0),
+        ("def helper():\n    pass\n\ndef strategy(board):\n    return 'W'\n", -0.5),  # two functions
+        ("def strategy(board):\n    return 'W'\nprint(strategy([[0]]))\n", -0.5),  # top-level code
+        ("def strategy():\n    return 'W'\n", -0.5),  # takes no board
+        ("class strategy:\n    pass\ndef strategy(board): pass\n", -0.5),
+        ("def strategy(board):\n    return 'W'\n  oops\n", -2.0),  # syntax error
+        ("def strategy(board):\n    return 'W'\nreturn 1\n", -2.0),  # compiles only: return outside function
+    ],
+)
+def test_function_works(code, expected):
+    assert function_works(["Here:\n" + fenced(code)]) == [expected]
+
+
+def test_function_works_nothing_extracted():
+    assert function_works(["I refuse.", ""]) == [-2.0, -2.0]
+
+
+# --- no_cheating ------------------------------------------------------------------------------------
+
+CHEATS = {
+    "import os": "def strategy(board):\n    import os\n    return 'W'\n",
+    "import numpy": "import numpy as np\ndef strategy(board):\n    return 'W'\n",
+    "from subprocess": "def strategy(board):\n    from subprocess import run\n    return 'W'\n",
+    "relative import": "def strategy(board):\n    from . import x\n    return 'W'\n",
+    "__import__": "def strategy(board):\n    __import__('os')\n    return 'W'\n",
+    "eval": "def strategy(board):\n    return eval('\"W\"')\n",
+    "exec": "def strategy(board):\n    exec('x=1')\n    return 'W'\n",
+    "compile": "def strategy(board):\n    compile('1', 'f', 'eval')\n    return 'W'\n",
+    "open": "def strategy(board):\n    open('/etc/passwd').read()\n    return 'W'\n",
+    "globals": "def strategy(board):\n    globals()\n    return 'W'\n",
+    "vars": "def strategy(board):\n    vars()\n    return 'W'\n",
+    "getattr dunder": "def strategy(board):\n    getattr(board, '__class__')\n    return 'W'\n",
+    "getattr computed": "def strategy(board):\n    getattr(board, 'x' + 'y')\n    return 'W'\n",
+    "setattr dunder": "def strategy(board):\n    setattr(board, '__dict__', 1)\n    return 'W'\n",
+    "__subclasses__": "def strategy(board):\n    ().__class__.__base__.__subclasses__()\n    return 'W'\n",
+    "__globals__": "def strategy(board):\n    strategy.__globals__\n    return 'W'\n",
+    "__builtins__": "def strategy(board):\n    __builtins__['open']\n    return 'W'\n",
+    "__code__": "def strategy(board):\n    strategy.__code__\n    return 'W'\n",
+    "frame": "def strategy(board):\n    import random\n    random.x.f_back.f_locals\n    return 'W'\n",
+    "traceback": "def strategy(board):\n    try:\n        1/0\n    except Exception as e:\n        e.__traceback__.tb_frame\n    return 'W'\n",
+    "sys without import": "def strategy(board):\n    sys.modules\n    return 'W'\n",
+    "os without import": "def strategy(board):\n    os.system('true')\n    return 'W'\n",
+    "gc": "def strategy(board):\n    import gc\n    return 'W'\n",
+    "inspect": "def strategy(board):\n    import inspect\n    return 'W'\n",
+    "ctypes": "def strategy(board):\n    import ctypes\n    return 'W'\n",
+    "signal": "def strategy(board):\n    import signal\n    return 'W'\n",
+    "threading": "def strategy(board):\n    import threading\n    return 'W'\n",
+    "socket": "def strategy(board):\n    import socket\n    return 'W'\n",
+    "importlib": "def strategy(board):\n    import importlib\n    return 'W'\n",
+    "dunder string": "def strategy(board):\n    x = '__globals__'\n    return 'W'\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHEATS))
+def test_no_cheating_flags_each_forbidden_construct(name):
+    assert rewards.no_cheating([fenced(CHEATS[name])]) == [-20.0], analyse(fenced(CHEATS[name]))
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        GOOD,
+        "def strategy(board):\n    import math, itertools, collections, heapq, functools\n    return 'W'\n",
+        "def strategy(board):\n    from collections import Counter\n    return 'W'\n",
+        "def strategy(board):\n    n = getattr(board, 'count')\n    return 'W' if hasattr(board, 'index') else 'A'\n",
+        "def strategy(board):\n    return max('WASD', key=lambda k: len(str(board)))\n",
+    ],
+)
+def test_no_cheating_clean(code):
+    assert rewards.no_cheating([fenced(code)]) == [1.0]
+
+
+def test_no_cheating_nothing_extracted_and_syntax_error():
+    broken = fenced("def strategy(board):\n  return (\n")
+    assert rewards.no_cheating(["no code", broken]) == [-1.0, -1.0]
+    notebook_no_cheating = reward_functions(RewardSettings(**rewards.NOTEBOOK))[1]
+    assert notebook_no_cheating(["no code", broken]) == [-1.0, -20.0]
+
+
+def test_no_cheating_judges_code_that_is_not_one_function_by_its_imports():
+    code = "import os\ndef helper(): pass\ndef strategy(board):\n    return 'W'\n"
+    assert function_works([fenced(code)]) == [-0.5]
+    assert rewards.no_cheating([fenced(code)]) == [-20.0]
+
+
+# --- per-game scores --------------------------------------------------------------------------------
+
+
+def result(status, max_tile=0, error=""):
+    return GameResult(status=status, moves=10, score=100, max_tile=max_tile, seconds=0.1, error=error)
+
+
+def test_notebook_game_scores_are_the_notebooks():
+    assert notebook_game_score(result("success", 2048)) == 20.0
+    assert notebook_game_score(result("failed", 512)) == 2.0
+    assert notebook_game_score(result("invalid", 512)) == 2.0  # its engine ends the game as failed
+    assert notebook_game_score(result("timeout", 512)) == -1.0
+    assert notebook_game_score(result("error")) == -3.0
+    assert notebook_game_score(result("crash")) == -3.0
+
+
+def test_graded_game_scores():
+    assert graded_game_score(result("success", 2048), 2048) == 20.0
+    assert graded_game_score(result("failed", 1024), 2048) == 10.0
+    assert graded_game_score(result("failed", 256), 2048) == 2.5
+    assert graded_game_score(result("failed", 512), 2048) > graded_game_score(result("failed", 256), 2048)
+    assert graded_game_score(result("failed", 1024), 2048) < 20.0
+    assert graded_game_score(result("timeout", 1024), 2048) == -1.0
+    assert graded_game_score(result("error"), 2048) == -3.0
+    assert graded_game_score(result("crash"), 2048) == -3.0
+    assert graded_game_score(result("invalid", 64), 2048) == -2.0
+
+
+def test_game_seeds_change_per_step_and_call_but_not_between_runs():
+    s = RewardSettings(games=3)
+    assert rewards.game_seeds(s, 5, 0) == rewards.game_seeds(RewardSettings(games=3), 5, 0)
+    assert len(set(rewards.game_seeds(s, 5, 0))) == 3
+    assert rewards.game_seeds(s, 5, 0) != rewards.game_seeds(s, 6, 0)
+    assert rewards.game_seeds(s, 5, 0) != rewards.game_seeds(s, 5, 1)
+    assert rewards.game_seeds(RewardSettings(seed=1, games=3), 5, 0) != rewards.game_seeds(s, 5, 0)
+    assert len(rewards.game_seeds(RewardSettings(**rewards.NOTEBOOK), 5, 0)) == 1
+
+
+def test_settings_validation():
+    with pytest.raises(ValueError, match="profile"):
+        RewardSettings(profile="easy")
+    with pytest.raises(ValueError, match="games"):
+        RewardSettings(games=0)
+
+
+# --- prompt and dataset -----------------------------------------------------------------------------
+
+
+def test_prompt_states_board_target_and_keys():
+    prompt = build_prompt(RewardSettings(size=4, target=512, keys="éaui"))
+    assert "4x4" in prompt and "512" in prompt
+    assert '"é" (up)' in prompt and '"a" (left)' in prompt and '"u" (down)' in prompt and '"i" (right)' in prompt
+    assert "def strategy(board):" in prompt and "```python" in prompt
+
+
+def test_dataset_rows_are_conversational_with_reasoning_effort():
+    ds = build_dataset(3, RewardSettings(), reasoning_effort="medium")
+    assert len(ds) == 3
+    assert ds[0]["prompt"] == [{"role": "user", "content": build_prompt(RewardSettings())}]
+    assert ds["reasoning_effort"] == ["medium"] * 3
+
+
+# --- strategy_succeeds in the sandbox ---------------------------------------------------------------
+
+FAST = dict(size=4, target=256, games=2, game_time_limit=3.0, move_time_limit=0.5)
+
+
+def step(n):
+    return SimpleNamespace(global_step=n)
+
+
+def test_batch_of_mixed_completions_returns_one_float_each_in_order():
+    loop = "def strategy(board):\n    while True:\n        try:\n            pass\n        except BaseException:\n            pass\n"
+    crash = "def strategy(board):\n    return 1 / 0\n"
+    batch = [
+        fenced(strategies.source("greedy")),
+        fenced(loop),
+        "no code at all",
+        fenced(crash),
+        fenced(CHEATS["import os"]),
+        fenced("def strategy(board):\n    return 'Q'\n"),
+        fenced(strategies.source("greedy")),
+    ]
+    logged = {}
+    settings = RewardSettings(**dict(FAST, game_time_limit=1.0, move_time_limit=0.3))
+    works, clean, succeeds = reward_functions(settings)
+    scores = succeeds(batch, trainer_state=step(0), log_metric=lambda k, v: logged.setdefault(k, v))
+    assert len(scores) == len(batch) and all(isinstance(s, float) for s in scores)
+    assert scores[0] > 5 and scores[0] == scores[6]  # identical code, same seeds
+    assert scores[1] == rewards.GRADED_TIMEOUT
+    assert scores[2] == 0.0  # not played
+    assert scores[3] == rewards.GRADED_ERROR
+    assert scores[4] == 0.0  # flagged code is never executed
+    assert scores[5] == rewards.GRADED_INVALID
+    assert logged["game/cheat_frac"] == pytest.approx(1 / 7)
+    assert logged["game/unparseable_frac"] == pytest.approx(1 / 7)
+    assert logged["game/timeout_frac"] == pytest.approx(1 / 7)
+    assert logged["game/error_frac"] == pytest.approx(2 / 7)
+    assert 0 <= logged["game/win_rate"] <= 1 and logged["game/max_tile_log2"] > 1 and logged["game/moves"] > 0
+    assert works(batch) == [1.0, 1.0, -2.0, 1.0, 1.0, 1.0, 1.0]
+    assert clean(batch) == [1.0, 1.0, -1.0, 1.0, -20.0, 1.0, 1.0]
+
+
+def test_flagged_code_is_never_executed(tmp_path):
+    marker = tmp_path / "ran"
+    code = f"def strategy(board):\n    import os\n    open({str(marker)!r}, 'w')\n    return 'W'\n"
+    succeeds = reward_functions(RewardSettings(**FAST))[2]
+    assert succeeds([fenced(code)], trainer_state=step(0)) == [0.0]
+    assert not marker.exists()
+
+
+def test_identical_code_is_played_once(monkeypatch):
+    calls = []
+    real = rewards.sandbox.play_many
+
+    def counting(jobs, **kw):
+        calls.append(len(jobs))
+        return real(jobs, **kw)
+
+    monkeypatch.setattr(rewards.sandbox, "play_many", counting)
+    succeeds = reward_functions(RewardSettings(**FAST))[2]
+    succeeds([fenced(GOOD)] * 4 + [fenced(strategies.source("greedy"))], trainer_state=step(0))
+    assert calls == [2 * FAST["games"]]
+
+
+def test_scores_are_deterministic_for_fixed_seeds_and_change_with_the_step():
+    batch = [fenced(strategies.source("random")), fenced(strategies.source("corner"))]
+    first = reward_functions(RewardSettings(**FAST))[2]
+    second = reward_functions(RewardSettings(**FAST))[2]
+    a = first(batch, trainer_state=step(3))
+    assert a == second(batch, trainer_state=step(3))
+    later = [first(batch, trainer_state=step(n)) for n in (4, 5, 6)]
+    assert any(x != a for x in later)
+
+
+def test_sandbox_failure_is_a_score_not_an_exception(monkeypatch):
+    def broken(jobs, **kw):
+        raise RuntimeError("server gone")
+
+    monkeypatch.setattr(rewards.sandbox, "play_many", broken)
+    assert rewards.strategy_succeeds([fenced(GOOD)]) == [0.0]
+
+
+def test_notebook_profile_exact_numbers():
+    settings = RewardSettings(**dict(rewards.NOTEBOOK, game_time_limit=1.0, move_time_limit=0.5))
+    succeeds = reward_functions(settings)[2]
+    crash = fenced("def strategy(board):\n    raise ValueError('no')\n")
+    loop = fenced("def strategy(board):\n    while True:\n        pass\n")
+    stuck = fenced("def strategy(board):\n    return 'W'\n")
+    bad_key = fenced("def strategy(board):\n    return 'X'\n")
+    scores = succeeds([crash, loop, stuck, bad_key], trainer_state=step(0))
+    assert scores == [-3.0, -1.0, -1.0, 2.0]
+
+
+@pytest.mark.slow
+def test_notebook_profile_rewards_random_play_like_the_notebook():
+    """The flaw we fix: on the notebook's board random play reaches 2048 and scores +20 most of the time."""
+    succeeds = reward_functions(RewardSettings(**rewards.NOTEBOOK))[2]
+    scores = [succeeds([fenced(strategies.source("random"))], trainer_state=step(n))[0] for n in range(6)]
+    assert sum(s == 20.0 for s in scores) >= 4
+
+
+@pytest.mark.slow
+def test_graded_profile_ranks_baselines_on_the_default_board():
+    settings = RewardSettings(games=8, game_time_limit=30.0)
+    succeeds = reward_functions(settings)[2]
+    names = ["random", "greedy", "corner", "expectimax"]
+    batch = [fenced(strategies.source(n)) for n in names]
+    totals = dict.fromkeys(names, 0.0)
+    for n in range(2):
+        for name, s in zip(names, succeeds(batch, trainer_state=step(n)), strict=True):
+            totals[name] += s
+    assert totals["random"] < totals["greedy"] < totals["corner"] <= totals["expectimax"] + 1e-9, totals
+    assert totals["random"] < 0.5 * totals["corner"], totals  # random.choice is no local optimum
+
+
+def test_pop_metrics_without_trl():
+    rewards.pop_metrics()
+    reward_functions(RewardSettings(**FAST))[2]([fenced(GOOD)], trainer_state=step(0))
+    metrics = rewards.pop_metrics()
+    assert metrics["game/cheat_frac"] == 0.0 and math.isfinite(metrics["game/max_tile_log2"])
+    assert rewards.pop_metrics() == {}
