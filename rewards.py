@@ -134,6 +134,10 @@ class Analysis:
     cheats: tuple[str, ...]  # escape hatches found, e.g. ("import os", "__subclasses__")
 
 
+def is_forbidden_dunder(name: str) -> bool:
+    return name.startswith("__") and name not in sandbox.SAFE_DUNDERS
+
+
 def find_cheats(tree: ast.AST) -> list[str]:
     """Every import outside the sandbox's allowlist and every reach for an escape hatch."""
     found = []
@@ -144,17 +148,17 @@ def find_cheats(tree: ast.AST) -> list[str]:
             if node.level or (node.module or "").split(".")[0] not in sandbox.ALLOWED_MODULES:
                 found.append(f"from {'.' * node.level}{node.module or ''} import")
         elif isinstance(node, ast.Name):
-            if node.id in ESCAPE_NAMES or node.id in ESCAPE_MODULES or node.id.startswith("__"):
+            if node.id in ESCAPE_NAMES or node.id in ESCAPE_MODULES or is_forbidden_dunder(node.id):
                 found.append(node.id)
         elif isinstance(node, ast.Attribute):
-            if node.attr.startswith("__") or node.attr in ESCAPE_ATTRIBUTES:
+            if is_forbidden_dunder(node.attr) or node.attr in ESCAPE_ATTRIBUTES:
                 found.append(node.attr)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ATTRIBUTE_CALLS:
             name = node.args[1] if len(node.args) > 1 else None
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str) and not name.value.startswith("_")):
                 found.append(f"{node.func.id} with a computed or private name")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if node.value.startswith("__") and node.value.endswith("__") and len(node.value) > 4:
+            if node.value.endswith("__") and is_forbidden_dunder(node.value):
                 found.append(repr(node.value))  # a dunder name spelled as a string, for getattr & co.
     return sorted(set(found))
 

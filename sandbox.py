@@ -1049,7 +1049,8 @@ def _describe(exc: BaseException) -> str:
 
 # Dunder attributes a strategy may touch: what ordinary classes use. Everything else that starts with
 # "__" is refused (__class__, __subclasses__, __globals__, __dict__, __code__, __self__, ...).
-_SAFE_DUNDERS = frozenset(
+# Dunder names a strategy may use (classes with __init__, comparisons); rewards.py judges by the same list.
+SAFE_DUNDERS = frozenset(
     {
         "__init__", "__post_init__", "__name__", "__qualname__", "__doc__", "__slots__", "__len__", "__iter__",
         "__next__", "__contains__", "__getitem__", "__setitem__", "__delitem__", "__eq__", "__ne__", "__lt__",
@@ -1073,7 +1074,7 @@ class SandboxViolation(Exception):
 def _attribute_allowed(name: str) -> bool:
     if name in _INTROSPECTION_ATTRS:
         return False
-    return not name.startswith("__") or name in _SAFE_DUNDERS
+    return not name.startswith("__") or name in SAFE_DUNDERS
 
 
 def _checked_name(name):
@@ -1201,7 +1202,7 @@ def _check_tree(tree: ast.AST) -> None:
                 raise ImportError(f"import from {'.' * node.level}{node.module or ''} is not allowed in the sandbox")
         elif isinstance(node, ast.Attribute) and not _attribute_allowed(node.attr):
             raise SandboxViolation(f"attribute {node.attr!r} is not allowed in the sandbox")
-        elif isinstance(node, ast.Name) and node.id.startswith("__") and node.id not in _SAFE_DUNDERS:
+        elif isinstance(node, ast.Name) and node.id.startswith("__") and node.id not in SAFE_DUNDERS:
             raise SandboxViolation(f"name {node.id!r} is not allowed in the sandbox")
         elif isinstance(node, ast.keyword) and node.arg and not _attribute_allowed(node.arg):
             raise SandboxViolation(f"keyword {node.arg!r} is not allowed in the sandbox")
@@ -1211,7 +1212,7 @@ def _check_tree(tree: ast.AST) -> None:
                     raise SandboxViolation(f"pattern attribute {attr!r} is not allowed in the sandbox")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             v = node.value
-            if len(v) > 4 and v.startswith("__") and v.endswith("__") and v not in _SAFE_DUNDERS:
+            if len(v) > 4 and v.startswith("__") and v.endswith("__") and v not in SAFE_DUNDERS:
                 raise SandboxViolation(f"the string {v!r} is not allowed in the sandbox")
 
 

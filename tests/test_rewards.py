@@ -161,6 +161,8 @@ def test_no_cheating_flags_each_forbidden_construct(name):
         "def strategy(board):\n    from collections import Counter\n    return 'W'\n",
         "def strategy(board):\n    n = getattr(board, 'count')\n    return 'W' if hasattr(board, 'index') else 'A'\n",
         "def strategy(board):\n    return max('WASD', key=lambda k: len(str(board)))\n",
+        "def strategy(board):\n    class P(list):\n        def __init__(self, b):\n            super().__init__(b)\n"
+        "        def __len__(self):\n            return 4\n    return 'W' if len(P(board)) else 'A'\n",
     ],
 )
 def test_no_cheating_clean(code):
