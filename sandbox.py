@@ -87,6 +87,7 @@ class GameResult:
     max_tile: int = 0
     seconds: float = 0.0
     error: str = ""  # one line: exception type and text, or which limit was hit; "" when none
+    played_keys: str | None = None  # with record_keys=True: the keys played, one alphabet character each
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -135,13 +136,17 @@ def play(
     game_time_limit: float = 5.0,
     memory_limit_mb: int = 512,
     strict: bool = False,
+    record_keys: bool = False,
     _unrestricted: bool = False,
 ) -> GameResult:
     """Play one game of the function named `strategy` defined in `code`.
 
     Same game as `game2048.play_game(strategy, seed=seed, ...)`. Loading the code counts as a move
     (move_time_limit) and as part of the game (game_time_limit). `strict` refuses to run without
-    seccomp. `_unrestricted` drops the Python-level allowlists so tests can prove the OS layers alone.
+    seccomp. `record_keys` returns the keys the game played in GameResult.played_keys (each as the
+    alphabet writes it), so trusted code can replay the game board by board with the engine, never
+    running the strategy itself. `_unrestricted` drops the Python-level allowlists so tests can prove
+    the OS layers alone.
     """
     kwargs = dict(locals())
     del kwargs["code"]
@@ -229,6 +234,7 @@ def _job_spec(code, kwargs) -> dict:
         "game_time_limit": args.pop("game_time_limit", 5.0),
         "memory_limit_mb": args.pop("memory_limit_mb", 512),
         "strict": bool(args.pop("strict", False)),
+        "record_keys": bool(args.pop("record_keys", False)),
         "unrestricted": bool(args.pop("_unrestricted", False)),
     }
     if args:
@@ -403,6 +409,7 @@ class _Game:
             game_time_limit=float(spec["game_time_limit"]),
             memory_limit_mb=spec["memory_limit_mb"],
             unrestricted=spec["unrestricted"],
+            record_keys=spec["record_keys"],
         )
         # Backstop only: the referee enforces the limits; this catches a referee that hangs.
         self.deadline = time.monotonic() + spec["game_time_limit"] + spec["move_time_limit"] + 10.0
@@ -770,6 +777,7 @@ class _Referee:
         game_limit, move_limit = job["game_time_limit"], job["move_time_limit"]
         game_deadline = t0 + game_limit
         game = None
+        played = [] if job.get("record_keys") else None  # canonical keys, so the trusted side can replay the game
 
         def result(status: str, error: str = "") -> dict:
             return {
@@ -779,6 +787,7 @@ class _Referee:
                 "max_tile": game.max_tile() if game else 0,
                 "seconds": round(time.monotonic() - t0, 6),
                 "error": _one_line(error),
+                "played_keys": None if played is None else "".join(played),
             }
 
         def deadline(what: str) -> tuple[float, str]:
@@ -811,15 +820,19 @@ class _Referee:
                 keys=job["keys"],
             )
             mapping = game2048.key_map(job["keys"])
+            canonical = dict(zip(game2048.DIRECTIONS, job["keys"]))  # direction -> its key, as the alphabet writes it
             while game.state() == "ongoing":
                 until = deadline("a move")
                 self.send(";".join(",".join(map(str, row)) for row in game.board()).encode(), *until)
                 kind, text = self.receive(*until)
                 if kind != "K":
                     raise _Stop("invalid", "malformed reply")
-                if game2048.parse_key(text, mapping) is None:
+                direction = game2048.parse_key(text, mapping)
+                if direction is None:
                     raise _Stop("invalid", f"returned {text[:20]!r}, not one of the keys {job['keys']!r}")
                 game.do_action(text)
+                if played is not None:
+                    played.append(canonical[direction])
         except _Stop as stop:
             return result(stop.status, stop.error)
         state = game.state()

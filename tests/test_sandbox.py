@@ -176,11 +176,40 @@ def test_statuses_and_messages(code, status, error):
 
 def test_game_result_fields():
     r = sandbox.play(strategies.source("greedy"), seed=0, size=4, target=64, **QUICK)
-    assert [f.name for f in dataclasses.fields(r)] == ["status", "moves", "score", "max_tile", "seconds", "error"]
+    fields = ["status", "moves", "score", "max_tile", "seconds", "error", "played_keys"]
+    assert [f.name for f in dataclasses.fields(r)] == fields
     assert r.status == "success" and r.max_tile == 64 and r.moves > 0 and r.score > 0 and r.error == ""
+    assert r.played_keys is None  # only on request
     assert isinstance(r.seconds, float) and 0 < r.seconds < QUICK["game_time_limit"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.status = "failed"
+
+
+@pytest.mark.parametrize("keys", ["WASD", "éaui"])
+def test_recorded_keys_replay_the_game(keys):
+    """Keys come back as the alphabet writes them (not as returned: " w " is "W"), and replay the same game."""
+    code = f"def strategy(board):\n    import random\n    return ' ' + random.choice({keys!r}).lower() + ' '\n"
+    board = dict(size=4, target=256, keys=keys)
+    r = sandbox.play(code, seed=3, record_keys=True, **board, **QUICK)
+    assert r.status in ("success", "failed") and len(r.played_keys) >= r.moves > 0
+    assert set(r.played_keys) <= set(keys)
+    game = game2048.GameBoard(seed=3, max_idle_moves=game2048.MAX_IDLE_MOVES, **board)
+    for key in r.played_keys:
+        game.do_action(key)
+    assert (game.state(), game.moves, game.score(), game.max_tile()) == (r.status, r.moves, r.score, r.max_tile)
+
+
+def test_recorded_keys_stop_where_the_game_stopped():
+    code = (
+        "def strategy(board):\n    import random, time\n"
+        "    if sum(map(sum, board)) > 64:\n        time.sleep(5)\n    return random.choice('WASD')\n"
+    )
+    r = sandbox.play(code, seed=1, size=4, record_keys=True, **QUICK)
+    assert r.status == "timeout" and r.played_keys
+    game = game2048.GameBoard(seed=1, size=4, max_idle_moves=game2048.MAX_IDLE_MOVES)
+    for key in r.played_keys:
+        game.do_action(key)
+    assert (game.state(), game.moves, game.score()) == ("ongoing", r.moves, r.score)
 
 
 def test_a_timeout_keeps_the_game_so_far():

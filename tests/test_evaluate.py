@@ -1,0 +1,325 @@
+"""evaluate_2048: the same games as the engine, the report's contents, --watch, every error, and a tiny model."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import evaluate_2048
+import rewards
+import sandbox
+import strategies
+
+REPO = Path(__file__).resolve().parent.parent
+BOARD = ["--size", "4", "--target", "128"]
+SLACK = ["--move_time_limit", "10", "--game_time_limit", "60"]  # a loaded CI machine must not time a game out
+ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+
+GOOD = 'def strategy(board):\n    import random\n    return random.choice("WASD")\n'
+HELPERS = 'def helper():\n    return "A"\n\n\ndef strategy(board):\n    return helper()\n'
+CHEATS = 'def strategy(board):\n    import os\n    return "A"\n'
+
+
+def run(*args, timeout=120):
+    return subprocess.run(
+        [sys.executable, str(REPO / "evaluate_2048.py"), *map(str, args)],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=ENV,
+    )  # fmt: skip
+
+
+def evaluate(tmp_path, *args) -> dict:
+    """main() in this process; returns results.json."""
+    assert evaluate_2048.main([*map(str, args), "--output_dir", str(tmp_path)]) == 0
+    return json.loads((tmp_path / "results.json").read_text())
+
+
+def by_source(report: dict) -> dict:
+    return {s["source"]: s for s in report["summary"]}
+
+
+def games_of(report: dict, source: str) -> list[dict]:
+    return [g for g in report["games"] if g["source"] == source]
+
+
+@pytest.fixture(scope="module")
+def baselines_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval")
+    return out, evaluate(out, "--games", 3, "--seed", 5, *BOARD, *SLACK)
+
+
+@pytest.mark.parametrize("name", strategies.BASELINES)
+def test_baselines_play_the_engines_games(baselines_report, name):
+    _, report = baselines_report
+    direct = strategies.play_games(strategies.BASELINES[name], 3, seed=5, size=4, target=128)
+    games = games_of(report, name)
+    assert [g["seed"] for g in games] == [5, 6, 7]
+    assert [g["score"] for g in games] == direct["scores"]
+    assert [g["max_tile"] for g in games] == direct["max_tiles"]
+    assert [g["moves"] for g in games] == direct["moves"]
+    row = by_source(report)[name]
+    assert row["win_rate"] == direct["win_rate"] and row["median_score"] == direct["median_score"]
+    assert (row["samples"], row["valid_rate"], row["cheat_rate"], row["games"]) == (1, 1.0, 0.0, 3)
+    assert row["timeouts"] == row["errors"] == 0
+    assert {int(k): v for k, v in row["max_tile_counts"].items()} == direct["max_tile_counts"]
+
+
+def test_report_files_and_table(baselines_report, capsys):
+    out, report = baselines_report
+    assert [s["source"] for s in report["summary"]] == list(strategies.BASELINES)
+    assert report["settings"]["seeds"] == [5, 6, 7] and report["settings"]["size"] == 4
+    assert set(report["games"][0]) == {
+        "source",
+        "sample",
+        "seed",
+        "status",
+        "moves",
+        "score",
+        "max_tile",
+        "seconds",
+        "error",
+    }
+    png = (out / "max_tiles.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 5000
+
+
+def test_table_shows_every_source(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.py").write_text(GOOD)
+    evaluate(tmp_path, "--games", 2, *BOARD, *SLACK, "--strategy", "mine.py")
+    table = capsys.readouterr().out
+    for name in ["mine.py", *strategies.BASELINES]:
+        assert name in table
+    for column in ["valid", "cheating", "win rate", "median score", "median max tile", "timeouts / errors"]:
+        assert column in table
+
+
+def test_file_strategies_are_judged_like_answers(tmp_path, capsys):
+    files = {}
+    for name, code in [("good", GOOD), ("helpers", HELPERS), ("cheats", CHEATS)]:
+        files[name] = tmp_path / f"{name}.py"
+        files[name].write_text(code)
+    report = evaluate(
+        tmp_path,
+        "--games",
+        3,
+        *BOARD,
+        *SLACK,
+        "--no-baselines",
+        *[a for p in files.values() for a in ("--strategy", p)],
+    )
+    rows = by_source(report)
+    assert list(rows) == [str(p) for p in files.values()]
+
+    good = rows[str(files["good"])]
+    direct = strategies.play_games(strategies.random_strategy, 3, seed=0, size=4, target=128)
+    assert [g["score"] for g in games_of(report, str(files["good"]))] == direct["scores"]
+    assert (good["valid_rate"], good["cheat_rate"], good["played_games"]) == (1.0, 0.0, 3)
+
+    helpers, cheats = rows[str(files["helpers"])], rows[str(files["cheats"])]
+    assert (helpers["valid_rate"], helpers["cheat_rate"], helpers["played_games"]) == (0.0, 0.0, 0)
+    assert (cheats["valid_rate"], cheats["cheat_rate"], cheats["played_games"]) == (1.0, 1.0, 0)
+    for row in (helpers, cheats):
+        assert row["statuses"] == {"not_played": 3} and row["win_rate"] == 0 and row["median_score"] == 0
+    samples = {s["source"]: s for s in report["samples"]}
+    assert samples[str(files["cheats"])]["cheats"] == ["import os"]
+    assert samples[str(files["helpers"])]["why_not_played"].startswith("not one self-contained")
+    out = capsys.readouterr().out
+    assert f"{files['cheats']}: not played: cheats: import os" in out
+
+
+def test_a_models_best_and_median_sample(tmp_path):
+    """Summaries of a model's samples without a model: one good answer, one that never moves, two broken."""
+    fence = "```"
+    completions = [
+        "no code here",
+        f"{fence}python\n{CHEATS}{fence}",
+        f"{fence}python\ndef strategy(board):\n    return 'A'\n{fence}",  # gets stuck: game over, small tiles
+        f"analysis...assistantfinal{fence}python\n{GOOD}{fence}",
+    ]
+    source = evaluate_2048.model_source("model", completions)
+    settings = rewards.RewardSettings(size=4, target=128, move_time_limit=10, game_time_limit=60)
+    from rich.progress import Progress
+
+    with Progress(disable=True) as progress:
+        played = evaluate_2048.play_sources([source], [0, 1, 2], settings, progress)
+    summary = evaluate_2048.summarise(source, [played[0, j] for j in range(4)])
+    assert (summary["samples"], summary["games"], summary["played_samples"], summary["played_games"]) == (4, 12, 2, 6)
+    assert (summary["valid_rate"], summary["cheat_rate"]) == (0.75, 0.25)
+    assert summary["best_sample"]["sample"] == 3 and summary["best_sample"]["games"] == 3
+    direct = strategies.play_games(strategies.random_strategy, 3, seed=0, size=4, target=128)
+    assert summary["best_sample"]["mean_score"] == pytest.approx(sum(direct["scores"]) / 3)
+    scores = sorted([0, 0, sum(g.score for g in played[0, 2]) / 3, sum(direct["scores"]) / 3])
+    assert summary["median_sample"]["mean_score"] == pytest.approx((scores[1] + scores[2]) / 2)
+
+
+def test_watch_a_baseline_when_piped():
+    r = run("--watch", "greedy", *BOARD, "--speed", 0)
+    assert r.returncode == 0, r.stderr
+    direct = strategies.play_games(strategies.greedy_strategy, 1, seed=0, size=4, target=128)
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("greedy · seed 0 · move")
+    status = "success" if direct["win_rate"] else "failed"
+    moves, score, tile = direct["moves"][0], direct["scores"][0], direct["max_tiles"][0]
+    assert lines[-1] == f"greedy: {status} after {moves} moves, score {score}, max tile {tile}"
+    assert "\x1b" not in r.stdout  # no cursor movement or colour when piped
+
+
+def test_watch_a_file_plays_it_in_the_sandbox(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(GOOD)
+    r = run("--watch", path, *BOARD, "--seed", 2, *SLACK)
+    assert r.returncode == 0, r.stderr
+    direct = strategies.play_games(strategies.random_strategy, 1, seed=2, size=4, target=128)
+    assert (
+        r.stdout.strip()
+        .splitlines()[-1]
+        .endswith(f"after {direct['moves'][0]} moves, score {direct['scores'][0]}, max tile {direct['max_tiles'][0]}")
+    )
+    if evaluate_2048.RECORDS_KEYS:  # the board is replayed from the recorded keys
+        assert f"move {direct['moves'][0]} · score {direct['scores'][0]}" in r.stdout
+        assert "replay differs" not in r.stdout
+    else:
+        assert "only the result is shown" in r.stdout
+
+
+def test_watch_a_file_that_cheats_is_not_played(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text(CHEATS)
+    r = run("--watch", path, *BOARD)
+    assert r.returncode == 1 and "not played: cheats: import os" in r.stdout
+
+
+def error_cases(tmp: Path) -> list[tuple[list, str]]:
+    (tmp / "empty").mkdir(exist_ok=True)
+    (tmp / "nostrategy.py").write_text("def play(board):\n    return 'A'\n")
+    (tmp / "syntax.py").write_text("def strategy(board)\n    return 'A'\n")
+    (tmp / "binary.py").write_bytes(b"\xff\xfe\x00bad")
+    return [
+        (["--adapter", tmp / "missing"], "no adapter_config.json there"),
+        (["--adapter", tmp / "empty"], "no adapter_config.json there"),
+        (["--model", tmp / "missing"], "no such directory"),
+        (["--strategy", tmp / "nostrategy.py"], "defines no top-level function `strategy`"),
+        (["--strategy", tmp / "syntax.py"], "does not parse"),
+        (["--strategy", tmp / "missing.py"], "cannot read it"),
+        (["--strategy", tmp / "binary.py"], "cannot read it"),
+        (["--no-baselines"], "nothing to evaluate"),
+        (["--base"], "--base needs --adapter"),
+        (["--watch", "nosuch"], "not a baseline"),
+        (["--watch", "model"], "--watch model needs --adapter or --model"),
+        (["--size", "1"], "size must be an integer >= 2"),
+        (["--target", "100"], "target must be a power of two"),
+        (["--games", "0"], "--games must be >= 1"),
+        (["--keys", "WWSD"], "keys must be four distinct characters"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(15))
+def test_errors_are_one_line_and_exit_2(tmp_path, case):
+    args, message = error_cases(tmp_path)[case]
+    r = run(*args, "--output_dir", tmp_path / "out")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.count("\n") == 1 and message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_a_model_that_cannot_load(tmp_path):
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{}")
+    r = run("--model", tmp_path / "broken", "--output_dir", tmp_path / "out")
+    assert r.returncode == 2 and r.stderr.startswith("evaluate_2048: cannot load model")
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_unknown_flag_is_argparse_usage():
+    r = run("--no-such-flag")
+    assert r.returncode == 2 and "usage: evaluate_2048.py" in r.stderr and "unrecognized arguments" in r.stderr
+
+
+# --- a tiny local model ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A 2-layer Llama with a char-level tokenizer, and a LoRA adapter (random, so it changes the output)."""
+    import string
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("tiny")
+    special = ["<|pad|>", "<|user|>", "<|assistant|>", "<|end|>", "<unk>"]
+    vocab = {t: i for i, t in enumerate(special + sorted(set(string.printable)))}
+    chars = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    chars.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    chars.decoder = decoders.Fuse()
+    template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=chars, pad_token="<|pad|>", eos_token="<|end|>", unk_token="<unk>", chat_template=template
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|user|>", "<|assistant|>"]})
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(root / "base")
+    tokenizer.save_pretrained(root / "base")
+    base = LlamaForCausalLM.from_pretrained(root / "base")  # so the adapter names its base model's path
+    lora = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"], init_lora_weights=False
+    )
+    model = get_peft_model(base, lora)
+    with torch.no_grad():
+        model.base_model.model.lm_head.modules_to_save["default"].weight.mul_(-1.0)
+    model.save_pretrained(root / "adapter")
+    tokenizer.save_pretrained(root / "adapter")
+    return root
+
+
+MODEL_ARGS = ["--samples", 3, "--max_new_tokens", 24, "--batch_size", 2, "--games", 2, *BOARD, "--no-baselines"]
+
+
+def test_a_model_and_its_base_are_sampled_and_reported(tiny_model, tmp_path, capsys):
+    report = evaluate(tmp_path / "both", "--adapter", tiny_model / "adapter", "--base", *MODEL_ARGS, "--seed", 3)
+    rows = by_source(report)
+    assert list(rows) == ["model (base)", "model (adapter)"]
+    for name, row in rows.items():
+        assert (row["samples"], row["games"]) == (3, 6)
+        assert sum(row["statuses"].values()) == 6 and len(games_of(report, name)) == 6
+        assert {(g["sample"], g["seed"]) for g in games_of(report, name)} == {(j, s) for j in range(3) for s in (3, 4)}
+        assert "best_sample" in row and "median_sample" in row
+    completions = {name: [s["completion"] for s in report["samples"] if s["source"] == name] for name in rows}
+    assert all(len(c) == 3 and all(isinstance(t, str) and t for t in c) for c in completions.values())
+    assert completions["model (base)"] != completions["model (adapter)"]
+    table = capsys.readouterr().out
+    assert "model (base)" in table and "model (adapter)" in table and "median of 3 samples" in table
+
+    # the base row is the base model itself on the same seed (the adapter switched off, not a second model)
+    alone = evaluate(tmp_path / "base", "--model", tiny_model / "base", *MODEL_ARGS, "--seed", 3)
+    assert [s["source"] for s in alone["summary"]] == ["model"]
+    assert [s["completion"] for s in alone["samples"]] == completions["model (base)"]
+
+
+def test_watch_a_model_with_nothing_playable(tiny_model, capsys):
+    assert (
+        evaluate_2048.main(["--watch", "model", "--adapter", str(tiny_model / "adapter"), *map(str, MODEL_ARGS)]) == 1
+    )
+    assert "none of its 3 samples is playable" in capsys.readouterr().out
+
+
+def test_the_adapters_base_path_is_read_from_its_config(tiny_model):
+    config = json.loads((tiny_model / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(tiny_model / "base")
+
+
+def teardown_module():
+    sandbox.shutdown()
