@@ -1,0 +1,49 @@
+"""Warm-start answers for the CPU demo: what a small model might write, from useless to decent.
+
+A randomly initialised model cannot find a working strategy by sampling, so the demo first fine-tunes it
+on these answers (SFT) and then lets GRPO sort them out with the real rewards and sandbox. The mix is
+deliberately mostly bad, so learning shows as the good answers taking over. Every answer is short, so a
+few dozen tokens of the demo's tokenizer cover it.
+"""
+
+FENCE = "```"
+
+
+def _code(body: str) -> str:
+    return f"{FENCE}python\ndef strategy(board):\n{body}{FENCE}"
+
+
+# (kind, copies in the SFT set, answer). Kinds: what the rewards should make of it.
+EXAMPLES = [
+    ("no_code", 2, "Move left, then down, and keep the big tile in a corner."),
+    ("syntax_error", 2, f'{FENCE}python\ndef strategy(board)\n    return "A"\n{FENCE}'),
+    ("syntax_error", 1, _code('    return "A" if board[0][0] else\n')),
+    ("crashes", 2, _code("    return board.move()\n")),
+    ("cheats", 2, _code('    import os\n    os.system("echo win")\n    return "A"\n')),
+    ("cheats", 1, _code('    import subprocess\n    return "A"\n')),
+    ("stuck", 2, _code('    return "A"\n')),
+    ("random", 2, _code('    import random\n    return random.choice("WASD")\n')),
+    ("biased_random", 1, _code('    import random\n    return random.choice("AAASSD")\n')),
+    (
+        "corner",
+        3,
+        _code(
+            "    def moves(b):\n"
+            "        return any(x == y != 0 or x == 0 != y for r in b for x, y in zip(r, r[1:]))\n"
+            "    t = [list(c) for c in zip(*board)]\n"
+            '    for k, b in (("A", board), ("S", [c[::-1] for c in t]), ("D", [r[::-1] for r in board]), ("W", t)):\n'
+            "        if moves(b):\n"
+            "            return k\n"
+            '    return "A"\n'
+        ),
+    ),
+]
+
+
+def sft_rows(prompt: str) -> list[dict]:
+    """Conversational prompt/completion rows for TRL's SFTTrainer, each answer as many times as its copies."""
+    return [
+        {"prompt": [{"role": "user", "content": prompt}], "completion": [{"role": "assistant", "content": text}]}
+        for _kind, copies, text in EXAMPLES
+        for _ in range(copies)
+    ]

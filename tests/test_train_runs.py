@@ -1,0 +1,140 @@
+"""train_2048 end to end on the CPU with the tiny model: outputs, Ctrl-C and resume, saving, and learning."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = str(REPO / "configs" / "cpu-demo.yaml")
+# Short runs: 4 steps, a checkpoint every 2, a warm start just long enough for scores to differ.
+SHORT = ["--config", DEMO, "--max_steps", "4", "--save_steps", "2", "--sample_steps", "2"]
+SHORT += ["--sft_epochs", "20", "--max_completion_length", "32"]
+ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+
+
+def train(*args, timeout=600):
+    return subprocess.run(
+        [sys.executable, str(REPO / "train_2048.py"), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=ENV,
+    )  # fmt: skip
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def tensorboard(out: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run,) = (out / "runs").iterdir()
+    events = EventAccumulator(str(run), size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    return events
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """4 uninterrupted steps, saved as LoRA and merged_16bit: the reference for everything below."""
+    out = tmp_path_factory.mktemp("full") / "out"
+    result = train(*SHORT, "--output_dir", str(out), "--save_method", "merged_16bit")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out, result
+
+
+def test_outputs_layout(full_run):
+    out, _ = full_run
+    names = {p.name for p in out.iterdir()}
+    assert {"training.log", "metrics.jsonl", "runs", "checkpoint-2", "checkpoint-4", "final", "tiny-model"} <= names
+    assert "final-merged_16bit" in names and not any(n.endswith((".tmp", ".old")) for n in names)
+    assert (out / "final" / "adapter_model.safetensors").exists() and (out / "final" / "tokenizer.json").exists()
+    assert (out / "final-merged_16bit" / "model.safetensors").exists()
+    for step in (2, 4):
+        checkpoint = out / f"checkpoint-{step}"
+        assert {"adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"} <= {
+            p.name for p in checkpoint.iterdir()
+        }
+        assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
+
+
+def test_console_and_log_have_a_short_line_per_step(full_run):
+    out, result = full_run
+    for step in range(1, 5):
+        assert f"step {step}/4  reward " in result.stdout
+    log = (out / "training.log").read_text()
+    assert "step 4/4  reward " in log and "warm start: SFT" in log
+    assert "{'loss'" not in result.stdout  # the Trainer's metric dump is replaced by the short line
+    assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
+
+
+def test_tensorboard_has_trl_game_metrics_and_samples(full_run):
+    out, _ = full_run
+    events = tensorboard(out)
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/reward", "train/rewards/strategy_succeeds/mean", "train/completions/clipped_ratio"} <= scalars
+    assert {"train/game/win_rate", "train/game/max_tile_log2", "train/game/unparseable_frac"} <= scalars
+    samples = events.Tensors("samples/text_summary")
+    assert [s.step for s in samples] == [2, 4]
+    text = samples[0].tensor_proto.string_val[0].decode()
+    assert "**total" in text and "function_works" in text and "strategy_succeeds" in text
+
+
+def test_saves_reload_and_sample_like_the_trained_model(full_run):
+    out, _ = full_run
+    log = (out / "training.log").read_text()
+    assert f"verified {out / 'final'}: reloaded" in log
+    assert f"verified {out / 'final-merged_16bit'}: reloaded" in log
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(full_run, tmp_path):
+    reference, _ = full_run
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train_2048.py"), *SHORT, "--output_dir", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+    )  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("step 1/4"):
+            proc.send_signal(signal.SIGINT)  # during step 2
+            break
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+    stopped = metrics(out)[-1]["step"]
+    assert stopped < 4 and (out / f"checkpoint-{stopped}" / "trainer_state.json").exists()
+    assert "stopped by Ctrl-C" in (out / "training.log").read_text() and not (out / "final").exists()
+
+    result = train(*SHORT, "--output_dir", str(out), "--resume", "auto")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"resuming from {out / f'checkpoint-{stopped}'}" in result.stdout
+    assert "warm start" not in result.stdout  # the checkpoint already holds it
+    steps = metrics(out)
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    # Same optimizer, scheduler and RNG state: the resumed steps are the uninterrupted run's steps.
+    for ours, theirs in zip(steps, metrics(reference)):
+        for key in ("reward", "completions/mean_length", "entropy", "loss", "learning_rate"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), (ours["step"], key)
+
+
+def test_warnings_for_no_learning_signal_and_clipped_completions(tmp_path):
+    out = tmp_path / "out"
+    args = ["--config", DEMO, "--max_steps", "1", "--sft_epochs", "1", "--max_completion_length", "2"]
+    result = train(*args, "--output_dir", str(out), "--verify_save", "false")
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = (out / "training.log").read_text()
+    assert "every completion hit max_completion_length" in log and "this step taught nothing" in log
+
+
+@pytest.mark.slow
+def test_cpu_demo_learns(tmp_path):
+    """The shipped demo, as is: mean total reward of its last 10 steps clearly above its first 10."""
+    out = tmp_path / "out"
+    result = train("--config", DEMO, "--output_dir", str(out), timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rewards = [m["reward"] for m in metrics(out)]
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    print(f"cpu demo: first 10 steps {first:.2f}, last 10 steps {last:.2f}")
+    assert last >= first + 4.0, (first, last)
