@@ -3,6 +3,7 @@
 one after another (sandbox.play in a loop). Same seeds, interleaved repeats, medians.
 
     .venv/bin/python bench/bench_rewards.py [--repeats 5]
+    .venv/bin/python bench/bench_rewards.py --baselines 10   # each baseline's mean reward, 10 steps
 """
 
 import argparse
@@ -28,7 +29,7 @@ def batch() -> list[str]:
     cheat = "def strategy(board):\n    import os\n    return 'W'\n"
     names = ["random", "greedy", "corner", "expectimax"]
     good = [fence(strategies.source(n)) for n in names]
-    return good + good[:3] + [fence(loop), fence(crash), fence(cheat), "no code", fence(loop)] + good[1:]
+    return good + good[:3] + [fence(loop), fence(crash), fence(cheat), "no code", fence(loop)] + good
 
 
 def serial(completions, settings, step):
@@ -57,15 +58,38 @@ def serial(completions, settings, step):
     return scores
 
 
+def baseline_rewards(steps: int) -> None:
+    """Each baseline's mean total reward (the three rewards summed) under the default settings."""
+    settings = rewards.RewardSettings()
+    funcs = rewards.reward_functions(settings)
+    names = list(strategies.BASELINES)
+    completions = ["```python\n" + strategies.source(n) + "```" for n in names]
+    totals = dict.fromkeys(names, 0.0)
+    for step in range(steps):
+        state = SimpleNamespace(global_step=step)
+        per_func = [f(completions, trainer_state=state) for f in funcs]
+        for i, name in enumerate(names):
+            totals[name] += sum(scores[i] for scores in per_func)
+    games = steps * settings.games
+    print(f"default profile: {settings.profile}, {settings.size}x{settings.size}/{settings.target}, {games} games each")
+    print("| baseline | mean total reward | of which strategy_succeeds |")
+    print("|---|---:|---:|")
+    for name in names:
+        print(f"| {name} | {totals[name] / steps:.2f} | {totals[name] / steps - 2:.2f} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--baselines", type=int, metavar="STEPS", help="report baseline rewards instead")
     args = parser.parse_args()
     sandbox.start()
+    if args.baselines:
+        return baseline_rewards(args.baselines)
     settings = rewards.RewardSettings()
     completions = batch()
     assert len(completions) == 16
-    fast, slow = [], []
+    fast, slow, differ = [], [], 0
     for r in range(args.repeats):
         state = SimpleNamespace(global_step=r)
         succeeds = rewards.reward_functions(settings)[2]
@@ -75,7 +99,8 @@ def main():
         t = time.perf_counter()
         want = serial(completions, settings, r)
         slow.append(time.perf_counter() - t)
-        assert got == want, (got, want)  # same seeds, same scores: only the scheduling differs
+        # Same seeds, so the same scores but where a game near its time limit timed out on one side only.
+        differ += sum(g != w for g, w in zip(got, want, strict=True))
     f, s = statistics.median(fast), statistics.median(slow)
     cores = len(os.sched_getaffinity(0))
     print(
@@ -84,6 +109,7 @@ def main():
     print(f"reward function (parallel, deduplicated): median {f:.2f} s over {args.repeats} repeats")
     print(f"serial, one game after another:          median {s:.2f} s")
     print(f"speed-up: {s / f:.2f}x")
+    print(f"completions scored differently (a game near its time limit): {differ} of {16 * args.repeats}")
 
 
 if __name__ == "__main__":
