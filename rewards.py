@@ -38,6 +38,18 @@ class RewardSettings:
     move_time_limit: float = 1.0
     seed: int = 0
 
+    def play_kwargs(self, seed: int) -> dict:
+        """The keyword arguments of sandbox.play for one game under these settings."""
+        return dict(
+            seed=seed,
+            size=self.size,
+            target=self.target,
+            probability_fours=self.probability_fours,
+            keys=self.keys,
+            move_time_limit=self.move_time_limit,
+            game_time_limit=self.game_time_limit,
+        )
+
     def __post_init__(self):
         if self.profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
@@ -288,15 +300,7 @@ def make_strategy_succeeds(settings: RewardSettings):
 
         analyses = [analyse(c) for c in completions]
         playable = sorted({a.code for a in analyses if a.parsed and a.one_function and not a.cheats})
-        game = dict(
-            size=settings.size,
-            target=settings.target,
-            probability_fours=settings.probability_fours,
-            keys=settings.keys,
-            move_time_limit=settings.move_time_limit,
-            game_time_limit=settings.game_time_limit,
-        )
-        jobs = [(code, dict(game, seed=seed)) for code in playable for seed in seeds]
+        jobs = [(code, settings.play_kwargs(seed)) for code in playable for seed in seeds]
         try:
             results = sandbox.play_many(jobs)
         except Exception as exc:  # the sandbox itself failed: score nothing rather than stop training

@@ -41,19 +41,7 @@ def serial(completions, settings, step):
         if not (a.parsed and a.one_function and not a.cheats):
             scores.append(0.0)
             continue
-        results = [
-            sandbox.play(
-                a.code,
-                seed=seed,
-                size=settings.size,
-                target=settings.target,
-                probability_fours=settings.probability_fours,
-                keys=settings.keys,
-                move_time_limit=settings.move_time_limit,
-                game_time_limit=settings.game_time_limit,
-            )
-            for seed in seeds
-        ]
+        results = [sandbox.play(a.code, **settings.play_kwargs(seed)) for seed in seeds]
         scores.append(sum(rewards.graded_game_score(r, settings.target) for r in results) / len(results))
     return scores
 
