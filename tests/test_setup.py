@@ -387,7 +387,10 @@ def test_cpu_2proc_config_runs_two_gloo_processes(tmp_path):
         "state = PartialState(cpu=True)  # what use_cpu: true in the training config does\n"
         "t = torch.ones(1) * (state.process_index + 1)\n"
         "dist.all_reduce(t)\n"
-        "print(state.process_index, state.num_processes, state.distributed_type.value, state.backend, int(t.item()))\n"
+        "line = f'{state.process_index} {state.num_processes} {state.distributed_type.value} {state.backend} {int(t.item())}'\n"
+        "open(f'rank{state.process_index}.txt', 'w').write(line)  # a file each: stdout lines of two ranks interleave\n"
+        "dist.barrier()\n"
+        "dist.destroy_process_group()  # else gloo's threads can abort the interpreter at exit\n"
     )
     result = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
@@ -395,7 +398,7 @@ def test_cpu_2proc_config_runs_two_gloo_processes(tmp_path):
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = sorted(line for line in result.stdout.splitlines() if line.endswith(" 3"))
+    lines = [(tmp_path / f"rank{i}.txt").read_text() for i in range(2)]
     assert lines == ["0 2 MULTI_CPU gloo 3", "1 2 MULTI_CPU gloo 3"], result.stdout
 
 
