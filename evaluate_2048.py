@@ -229,6 +229,17 @@ def load_model(args: argparse.Namespace):
     return model, tokenizer
 
 
+class NoProgress:
+    """rich's Progress where nothing is drawn: sample_completions and play_sources inside another program
+    (train_2048.py's --eval_steps)."""
+
+    def add_task(self, description: str, total: float | None = None) -> None:
+        return None
+
+    def advance(self, task, advance: float = 1) -> None:
+        pass
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
 

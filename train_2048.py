@@ -4,13 +4,16 @@
     python train_2048.py --config configs/cpu-demo.yaml    # a tiny local model on the CPU, a few minutes
     python train_2048.py --config configs/notebook.yaml    # the public notebook's run, reproduced
     python train_2048.py --max_steps 300 --resume auto     # any option as a flag; continue the last run
+    accelerate launch --config_file configs/accelerate/cpu-2proc.yaml train_2048.py --config configs/cpu-demo.yaml
+                                                           # the same demo as 2 processes (gloo, CPU only)
 
 Every option is a flag (`--max_steps` or `--max-steps`) and a YAML key; flags override the YAML file.
 --help lists TRL's GRPOConfig and ModelConfig options first, then train_2048's own and the game's.
 
 TRL runs the GRPO loop and transformers writes the checkpoints; this file loads the model, wires in the
-sandboxed rewards, reports, handles Ctrl-C and saves the result. In <output_dir>: training.log,
-metrics.jsonl, runs/ (TensorBoard), checkpoint-N/, final/ (LoRA adapters), final-<save_method>/ (merged).
+sandboxed rewards, reports, evaluates every --eval_steps, handles Ctrl-C and saves the result. In <output_dir>:
+training.log, metrics.jsonl, runs/ (TensorBoard), checkpoint-N/, final/ (LoRA adapters), final-<save_method>/
+(merged).
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ import functools
 import importlib.util
 import json
 import logging
+import math
 import os
 import re
 import shutil
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -39,6 +44,13 @@ import sandbox
 HERE = Path(__file__).resolve().parent
 DEFAULT_CONFIG = HERE / "configs" / "gpt-oss-20b.yaml"
 TINY = "tiny"  # model_name_or_path that builds the CPU demo's model in <output_dir>/tiny-model
+EVAL_SEED = 0  # --eval_steps: the sampling seed and the first game seed, in every run (training's games are hashed)
+EVAL_STEPS_HELP = (
+    "train_2048: every N steps, sample --eval_samples strategies from the current policy with the training prompt "
+    "and a fixed seed, play each on --eval_games fixed games (the same every time) in the sandbox, and log "
+    "eval/valid_rate, eval/cheat_rate, eval/win_rate, eval/max_tile_log2 and eval/mean_score to TensorBoard "
+    "(evaluate_2048.py's protocol). None or 0: off; below 1: that fraction of max_steps."
+)
 REAL_GPT_OSS = re.compile(r"gpt-oss-(20|120)b", re.I)  # checkpoints no CPU can train
 log = logging.getLogger("train_2048")
 
@@ -96,6 +108,14 @@ class ScriptArguments:
         default=10, metadata={"help": "Every N steps, write sample completions and their rewards to TensorBoard."}
     )
     num_samples: int = field(default=4, metadata={"help": "Completions per TensorBoard sample."})
+    eval_samples: int = field(
+        default=4,
+        metadata={"help": "--eval_steps: strategies sampled from the current policy (training prompt, seed 0)."},
+    )
+    eval_games: int = field(
+        default=4,
+        metadata={"help": "--eval_steps: games each sampled strategy plays on the training board (seeds 0, 1, ...)."},
+    )
 
 
 @dataclass
@@ -398,6 +418,53 @@ def sample_tokens(model, tokenizer, prompt: str, chat_kwargs: dict, seed: int, m
     return out[:, inputs["input_ids"].shape[1] :].tolist()
 
 
+def evaluate_policy(
+    model, tokenizer, settings, *, samples, games, temperature, max_new_tokens, batch_size, reasoning_effort
+) -> dict[str, float]:
+    """evaluate_2048.py's protocol on the model being trained, for --eval_steps: `samples` strategies sampled from
+    the training prompt with seed EVAL_SEED, each judged like the rewards judge an answer and, when it is one clean
+    function, played on the training board on the games with seeds EVAL_SEED, EVAL_SEED + 1, ... in the sandbox.
+    The same weights give the same numbers in any run. valid_rate and cheat_rate are shares of the samples;
+    win_rate and mean_score are over every (sample, game) pair, a strategy not played counting as a game with
+    nothing (as in evaluate_2048's table); max_tile_log2 is the mean log2 of the largest tile over the games
+    played, like train/game/max_tile_log2 (0 when none was). The model is left in the mode it was in and torch's
+    random state as it was, so a run with evaluations trains exactly like one without."""
+    import torch
+
+    import evaluate_2048
+
+    args = argparse.Namespace(
+        samples=samples,
+        seed=EVAL_SEED,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        reasoning_effort=reasoning_effort,
+    )
+    progress = evaluate_2048.NoProgress()
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    was_training = model.training
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
+        model.eval()
+        try:
+            completions = evaluate_2048.sample_completions(model, tokenizer, args, settings, progress, "eval")
+        finally:
+            model.train(was_training)
+    source = evaluate_2048.model_source("model", completions)
+    seeds = [EVAL_SEED + i for i in range(games)]
+    played = evaluate_2048.play_sources([source], seeds, settings, progress)
+    games_by_sample = [played[0, j] for j in range(len(source.samples))]
+    summary = evaluate_2048.summarise(source, games_by_sample)
+    played_games = [g for games in games_by_sample for g in games if g.status != evaluate_2048.NOT_PLAYED]
+    return {
+        "valid_rate": summary["valid_rate"],
+        "cheat_rate": summary["cheat_rate"],
+        "win_rate": summary["win_rate"],
+        "max_tile_log2": sum(math.log2(max(g.max_tile, 1)) for g in played_games) / max(len(played_games), 1),
+        "mean_score": summary["mean_score"],
+    }
+
+
 # --- reporting ----------------------------------------------------------------------------------------------
 
 
@@ -422,6 +489,22 @@ def short_line(step: int, max_steps: int, logs: dict) -> str:
     return "  ".join([f"step {step}/{max_steps}", *shown])
 
 
+EVAL_LINE = [  # (metric as the Trainer logs it, how it is shown)
+    ("eval_valid_rate", "valid {:.0%}"),
+    ("eval_cheat_rate", "cheating {:.0%}"),
+    ("eval_win_rate", "win {:.0%}"),
+    ("eval_max_tile_log2", "tile 2^{:.1f}"),
+    ("eval_mean_score", "score {:.0f}"),
+    ("eval_seconds", "({:.1f} s)"),
+]
+
+
+def eval_line(step: int, logs: dict) -> str:
+    """The console line of one --eval_steps evaluation."""
+    shown = [template.format(logs[key]) for key, template in EVAL_LINE if isinstance(logs.get(key), int | float)]
+    return "  ".join([f"eval at step {step}:", *shown])
+
+
 def sample_markdown(latest: dict, count: int) -> str:
     """A few completions with their rewards, as TensorBoard markdown (code indented, as answers contain ```)."""
     names = [n for n in latest if n != "completions"]
@@ -435,10 +518,11 @@ def sample_markdown(latest: dict, count: int) -> str:
     return "\n\n---\n\n".join(blocks)
 
 
-def make_callbacks(output_dir: Path, script_args, latest: dict):
+def make_callbacks(output_dir: Path, script_args, latest: dict, evaluate=None):
     """TrainerCallbacks for what TRL does not do: short console lines, training.log, metrics.jsonl,
-    warnings, sample completions in TensorBoard, and a checkpoint on Ctrl-C."""
-    from transformers import ProgressCallback, TrainerCallback
+    warnings, sample completions in TensorBoard, a checkpoint on Ctrl-C, and the --eval_steps evaluation
+    (`evaluate(model)`: evaluate_policy with this run's settings)."""
+    from transformers import ProgressCallback, Trainer, TrainerCallback
 
     class ProgressBar(ProgressCallback):
         """The Trainer's bar without its dump of every metric at each log; Report prints a short line."""
@@ -454,6 +538,13 @@ def make_callbacks(output_dir: Path, script_args, latest: dict):
             from tqdm.auto import tqdm
 
             if not state.is_world_process_zero or not logs:
+                return
+            if "eval_valid_rate" in logs:  # Evaluate's numbers
+                line = eval_line(state.global_step, logs)
+                tqdm.write(line)
+                log.debug(line)
+                with open(output_dir / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
                 return
             if "reward" not in logs:  # the warm start's SFT
                 if "loss" in logs:
@@ -500,7 +591,28 @@ def make_callbacks(output_dir: Path, script_args, latest: dict):
                 control.should_save = True
                 control.should_training_stop = True
 
-    return ProgressBar(), Report(), CtrlC()
+    class Evaluate(TrainerCallback):
+        """--eval_steps N: every N steps the main process evaluates the current policy and logs eval/* through the
+        Trainer, so TensorBoard (and any other report_to) records them at the step; the other processes wait in
+        the next step. It runs before that step's log and checkpoint, which it leaves as they would be."""
+
+        def __init__(self):
+            self.trainer = None  # set once the trainer exists: the numbers go to its log()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if not args.eval_steps or evaluate is None or self.trainer is None or not state.is_world_process_zero:
+                return
+            every = args.eval_steps if args.eval_steps >= 1 else math.ceil(state.max_steps * args.eval_steps)
+            if state.global_step % every:  # (not state.eval_steps: a resume takes that from the checkpoint)
+                return
+            started = time.monotonic()
+            logs = {f"eval_{name}": value for name, value in evaluate(self.trainer.model).items()}
+            logs["eval_seconds"] = time.monotonic() - started
+            should_log = control.should_log  # a log clears it, and this step's own log is still to come
+            Trainer.log(self.trainer, logs)  # not GRPOTrainer.log: it would fold in (and clear) the step's metrics
+            control.should_log = should_log
+
+    return ProgressBar(), Report(), CtrlC(), Evaluate()
 
 
 # --- main ---------------------------------------------------------------------------------------------------
@@ -540,6 +652,9 @@ def parse_args(argv: list[str]):
         description=__doc__,
         formatter_class=HelpFormatter,
     )
+    for action in parser._actions:  # GRPOConfig owns --eval_steps; here it drives our game evaluation
+        if action.dest == "eval_steps":
+            action.help = EVAL_STEPS_HELP
     try:
         script_args, game_args, training_args, model_args = parser.parse_args_and_config(argv)
     except (ValueError, TypeError) as exc:  # an unknown YAML key, or a value GRPOConfig rejects
@@ -554,6 +669,13 @@ def parse_args(argv: list[str]):
             )
     if not model_args.model_name_or_path:
         parser.error(f"--model_name_or_path is required ({TINY}: the CPU demo's model)")
+    if (training_args.eval_steps or 0) < 0:
+        parser.error(f"argument --eval_steps: must be >= 0 (0: off), got {training_args.eval_steps:g}")
+    for name in ("eval_samples", "eval_games"):
+        if getattr(script_args, name) < 1:
+            parser.error(f"argument --{name}: must be >= 1")
+    if training_args.eval_strategy != "no":
+        parser.error("--eval_strategy: train_2048 has no eval dataset; --eval_steps N alone runs its game evaluation")
     try:
         settings = rewards.RewardSettings(**dataclasses.asdict(game_args), seed=training_args.seed)
     except ValueError as exc:
@@ -567,14 +689,18 @@ def main(argv: list[str] | None = None) -> int:
     if "--config" not in argv:  # plain `python train_2048.py` is the GPT-OSS-20B run
         argv = ["--config", str(DEFAULT_CONFIG), *argv]
     config = read_config(argv)
-    sandbox.start()  # its server starts now, before torch has threads and before CUDA exists
+    sandbox.start()  # its server starts now, before torch has threads and before CUDA exists (one per process)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # accelerate launch / torchrun: one process per rank
     try:
-        return train(argv, config)
+        rc = train(argv, config)
     except KeyboardInterrupt:
         print("train_2048: interrupted", file=sys.stderr)
-        return 130
+        rc = 130
     finally:
         sandbox.shutdown()
+    if world > 1:  # the sign that this rank got through (the test of the 2-process run reads it)
+        print(f"train_2048: rank {os.environ.get('RANK', '?')}/{world} finished, exit status {rc}", file=sys.stderr)
+    return rc
 
 
 def train(argv: list[str], config: dict) -> int:
@@ -605,16 +731,31 @@ def train(argv: list[str], config: dict) -> int:
     if not writable(output_dir):
         die(f"output_dir {output_dir} is not a writable directory")
 
-    # --- output directory and logs
-    created = not output_dir.exists()
-    output_dir.mkdir(parents=True, exist_ok=True)
-    console = logging.StreamHandler(sys.stdout)
-    console.setLevel(logging.INFO)
-    logfile = logging.FileHandler(output_dir / "training.log")
-    logfile.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    log.handlers, log.propagate = [console, logfile], False
-    log.setLevel(logging.DEBUG)  # DEBUG: training.log only
+    # --- output directory and logs. Under accelerate launch every rank runs this file: what is written once
+    # per run (the directory, training.log, the tiny model, the final save) is written by the main process,
+    # and the others wait for it where they need it; each rank scores its own share of completions.
+    from accelerate import PartialState
+
+    state = PartialState()  # set up by GRPOConfig: one process, or this rank of an accelerate launch
+    main_process = state.is_main_process
+    created = main_process and not output_dir.exists()
+    if main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        console = logging.StreamHandler(sys.stdout)
+        console.setLevel(logging.INFO)
+        logfile = logging.FileHandler(output_dir / "training.log")
+        logfile.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.handlers = [console, logfile]
+        log.setLevel(logging.DEBUG)  # DEBUG: training.log only
+    else:  # the main process reports for every rank; another one speaks up only for an error of its own
+        errors = logging.StreamHandler(sys.stderr)
+        errors.setFormatter(logging.Formatter(f"train_2048 rank {state.process_index}: %(message)s"))
+        log.handlers = [errors]
+        log.setLevel(logging.ERROR)
+    log.propagate = False
     log.info(f"train_2048: {model_name} on the {backend} backend, writing to {output_dir}")
+    if state.num_processes > 1:
+        log.info(f"{state.num_processes} processes ({state.distributed_type.value}), each scoring its own completions")
     if checkpoint is not None:
         log.info(f"resuming from {checkpoint}")
     elif resume == "auto":
@@ -638,7 +779,8 @@ def train(argv: list[str], config: dict) -> int:
     # --- model and tokenizer
     if model_name == TINY:
         corpus = [prompt] + [text for _, copies, text in demo_data.EXAMPLES for _ in range(copies)]
-        model_name = str(build_tiny_model(output_dir / "tiny-model", corpus, training_args.seed))
+        with state.main_process_first():  # built once, by the main process; the other ranks then load it
+            model_name = str(build_tiny_model(output_dir / "tiny-model", corpus, training_args.seed))
     try:
         model, tokenizer = load_model(model_name, backend, script_args, model_args, training_args)
     except OSError as exc:  # not on the hub, no network, not a model folder
@@ -649,7 +791,18 @@ def train(argv: list[str], config: dict) -> int:
         training_args.gradient_checkpointing = False  # Unsloth's own is in place; the Trainer must not add HF's
 
     latest = {}  # the last batch's completions and scores, for the TensorBoard samples
-    progress_bar, report, ctrl_c = make_callbacks(output_dir, script_args, latest)
+    evaluate = functools.partial(
+        evaluate_policy,
+        tokenizer=tokenizer,
+        settings=settings,
+        samples=script_args.eval_samples,
+        games=script_args.eval_games,
+        temperature=training_args.temperature,
+        max_new_tokens=training_args.max_completion_length or 256,
+        batch_size=training_args.per_device_train_batch_size,
+        reasoning_effort=chat_kwargs.get("reasoning_effort", "low"),
+    )
+    progress_bar, report, ctrl_c, evaluator = make_callbacks(output_dir, script_args, latest, evaluate)
 
     def short_lines(trainer, bar):
         """The bar and our short line per log, instead of the Trainer's dump of every metric."""
@@ -659,6 +812,9 @@ def train(argv: list[str], config: dict) -> int:
         trainer.add_callback(report)
 
     # --- warm start: SFT on example answers, for a model that cannot write a working strategy yet
+    # Under accelerate launch it is one data-parallel job of every rank (a Trainer on one rank alone would wait for
+    # the others forever), the batch split between them so an update sees as many examples as in one process;
+    # the main process writes its logs.
     if script_args.warm_start and checkpoint is None:
         rows = demo_data.sft_rows(prompt)
         log.info(f"warm start: SFT on {len(rows)} example answers for {script_args.sft_epochs:g} epochs")
@@ -667,9 +823,10 @@ def train(argv: list[str], config: dict) -> int:
             num_train_epochs=script_args.sft_epochs,
             learning_rate=script_args.sft_learning_rate,
             lr_scheduler_type="constant",
-            per_device_train_batch_size=training_args.per_device_train_batch_size,
+            per_device_train_batch_size=-(-training_args.per_device_train_batch_size // state.num_processes),
             optim=training_args.optim,
             gradient_checkpointing=training_args.gradient_checkpointing,
+            ddp_find_unused_parameters=training_args.ddp_find_unused_parameters,
             max_length=script_args.max_seq_length,
             use_cpu=training_args.use_cpu,
             bf16=training_args.bf16,
@@ -692,8 +849,9 @@ def train(argv: list[str], config: dict) -> int:
         args=training_args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[ctrl_c],
+        callbacks=[ctrl_c, evaluator],
     )
+    evaluator.trainer = trainer
     short_lines(trainer, progress_bar)
     report.tensorboard = next(
         (c for c in trainer.callback_handler.callbacks if isinstance(c, TensorBoardCallback)), None

@@ -143,6 +143,13 @@ def test_short_line_shows_the_health_numbers():
     assert line.startswith("step 3/10") and "reward 3.50" in line and "win 25%" in line and "kl 0.0010" in line
 
 
+def test_eval_line_shows_the_evaluation():
+    logs = {"eval_valid_rate": 0.75, "eval_cheat_rate": 0.0, "eval_win_rate": 0.125, "eval_max_tile_log2": 6.5}
+    line = train_2048.eval_line(40, {**logs, "eval_mean_score": 812.4, "eval_seconds": 1.5, "epoch": 0.04})
+    assert line.startswith("eval at step 40:") and "valid 75%" in line and "win 12%" in line
+    assert "tile 2^6.5" in line and "score 812" in line and "epoch" not in line
+
+
 # --- models --------------------------------------------------------------------------------------------------
 
 
@@ -160,6 +167,33 @@ def test_tiny_model_round_trips_code_and_takes_reasoning_effort(tmp_path):
     rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, reasoning_effort="low")
     assert rendered == "<|user|>hi<|end|><|assistant|>"
     assert train_2048.build_tiny_model(path, ["other"], seed=1) == path  # built once per output dir
+
+
+def test_evaluate_policy_is_repeatable_and_leaves_training_undisturbed(tmp_path):
+    """--eval_steps' evaluation: fixed seeds, so the same weights give the same numbers; the model goes back to
+    train mode and torch's random state is as it was, so training goes on as if it had not run."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import sandbox
+
+    *_, settings = parse("--config", DEMO)
+    corpus = [rewards.build_prompt(settings)] + [text for _, _, text in train_2048.demo_data.EXAMPLES]
+    path = train_2048.build_tiny_model(tmp_path / "tiny-model", corpus, seed=0)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    model.train()
+    kwargs = dict(samples=3, games=2, temperature=1.0, max_new_tokens=16, batch_size=2, reasoning_effort="low")
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    try:
+        first = train_2048.evaluate_policy(model, tokenizer, settings, **kwargs)
+        assert model.training and torch.equal(torch.get_rng_state(), before)
+        assert train_2048.evaluate_policy(model, tokenizer, settings, **kwargs) == first
+    finally:
+        sandbox.shutdown()
+    assert set(first) == {"valid_rate", "cheat_rate", "win_rate", "max_tile_log2", "mean_score"}
+    assert all(0.0 <= first[k] <= 1.0 for k in ("valid_rate", "cheat_rate", "win_rate"))
+    assert first["max_tile_log2"] >= 0.0 and first["mean_score"] >= 0.0
 
 
 def test_gpt_oss_experts_get_lora_through_target_parameters(tmp_path):
@@ -227,6 +261,9 @@ def test_help_is_readable_and_lists_our_options():
     for flag in ("--resume", "--save_method", "--warm_start", "--size", "--max_steps", "--lora_r", "--config"):
         assert flag in result.stdout
     assert "train_2048:" in result.stdout and "game and rewards:" in result.stdout
+    for flag in ("--eval_steps", "--eval_samples", "--eval_games"):
+        assert flag in result.stdout
+    assert "eval/win_rate" in " ".join(result.stdout.split())  # --eval_steps is GRPOConfig's, with our help
 
 
 @pytest.mark.parametrize(
@@ -237,6 +274,10 @@ def test_help_is_readable_and_lists_our_options():
         (["--save_method", "zip"], ["--save_method", "zip"]),
         (["--profile", "easy"], ["--profile"]),
         (["--games", "0"], ["games"]),
+        (["--eval_steps", "-1"], ["--eval_steps", ">= 0"]),
+        (["--eval_samples", "0"], ["--eval_samples"]),
+        (["--eval_games", "0"], ["--eval_games"]),
+        (["--eval_strategy", "steps"], ["--eval_strategy", "--eval_steps"]),
     ],
 )
 def test_bad_options_are_usage_errors(out, args, words):

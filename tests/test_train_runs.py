@@ -1,4 +1,4 @@
-"""train_2048 end to end on the CPU with the tiny model: outputs, Ctrl-C and resume, saving, and learning."""
+"""train_2048 end to end on the CPU with the tiny model: outputs, Ctrl-C and resume, saving, evaluation, learning."""
 
 import json
 import os
@@ -12,8 +12,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 DEMO = str(REPO / "configs" / "cpu-demo.yaml")
 # Short runs: 4 steps, a checkpoint every 2, a warm start just long enough for scores to differ.
-SHORT = ["--config", DEMO, "--max_steps", "4", "--save_steps", "2", "--sample_steps", "2"]
+SHORT = ["--config", DEMO, "--max_steps", "4", "--save_steps", "2", "--sample_steps", "2", "--eval_steps", "0"]
 SHORT += ["--sft_epochs", "20", "--max_completion_length", "32"]
+EVAL = ["--eval_steps", "2", "--eval_samples", "2", "--eval_games", "2"]  # the reference run evaluates; others not
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
 
 
@@ -24,8 +25,10 @@ def train(*args, timeout=600):
     )  # fmt: skip
 
 
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+def metrics(out: Path, kind: str = "reward") -> list[dict]:
+    """metrics.jsonl's training lines, or with kind="eval_valid_rate" its --eval_steps lines."""
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [line for line in lines if kind in line]
 
 
 def tensorboard(out: Path):
@@ -39,9 +42,9 @@ def tensorboard(out: Path):
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
-    """4 uninterrupted steps, saved as LoRA and merged_16bit: the reference for everything below."""
+    """4 uninterrupted steps, evaluated every 2, saved as LoRA and merged_16bit: the reference for everything below."""
     out = tmp_path_factory.mktemp("full") / "out"
-    result = train(*SHORT, "--output_dir", str(out), "--save_method", "merged_16bit")
+    result = train(*SHORT, *EVAL, "--output_dir", str(out), "--save_method", "merged_16bit")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out, result
 
@@ -83,6 +86,36 @@ def test_tensorboard_has_trl_game_metrics_and_samples(full_run):
     assert "**total" in text and "function_works" in text and "strategy_succeeds" in text
 
 
+def test_eval_steps_log_the_evaluation_to_tensorboard(full_run):
+    out, result = full_run
+    events = tensorboard(out)
+    names = ("valid_rate", "cheat_rate", "win_rate", "max_tile_log2", "mean_score")
+    assert {f"eval/{name}" for name in names} <= set(events.Tags()["scalars"])
+    for name in names:
+        points = events.Scalars(f"eval/{name}")
+        assert [p.step for p in points] == [2, 4], name
+        low, high = (0.0, 1.0) if name.endswith("_rate") else (0.0, float("inf"))
+        assert all(low <= p.value <= high for p in points), (name, [p.value for p in points])
+    assert [m["step"] for m in metrics(out, "eval_valid_rate")] == [2, 4]
+    assert "eval at step 2:  valid " in result.stdout and "eval at step 4:  valid " in result.stdout
+    assert "eval at step 4:  valid " in (out / "training.log").read_text()
+
+
+def test_eval_is_evaluate_2048_on_the_checkpoint(full_run, tmp_path):
+    """One implementation: evaluate_2048.py with the same seeds on checkpoint-2 gets eval/* of step 2."""
+    import evaluate_2048
+
+    out, _ = full_run
+    (logged,) = [m for m in metrics(out, "eval_valid_rate") if m["step"] == 2]
+    args = ["--adapter", out / "checkpoint-2", "--samples", 2, "--games", 2, "--seed", 0, "--no-baselines"]
+    args += ["--max_new_tokens", 32, "--batch_size", 8, "--temperature", 1.0, "--size", 4, "--target", 256]
+    args += ["--move_time_limit", 0.5, "--game_time_limit", 2.0, "--output_dir", tmp_path]  # the demo's board
+    assert evaluate_2048.main(list(map(str, args))) == 0
+    (summary,) = json.loads((tmp_path / "results.json").read_text())["summary"]
+    for name in ("valid_rate", "cheat_rate", "win_rate", "mean_score"):
+        assert summary[name] == pytest.approx(logged[f"eval_{name}"]), name
+
+
 def test_saves_reload_and_sample_like_the_trained_model(full_run):
     out, _ = full_run
     log = (out / "training.log").read_text()
@@ -113,7 +146,8 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(full_run, tmp_pa
     assert "warm start" not in result.stdout  # the checkpoint already holds it
     steps = metrics(out)
     assert [m["step"] for m in steps] == [1, 2, 3, 4]
-    # Same optimizer, scheduler and RNG state: the resumed steps are the uninterrupted run's steps.
+    # Same optimizer, scheduler and RNG state: the resumed steps are the uninterrupted run's steps. The reference
+    # also ran --eval_steps 2 and this run did not: the evaluations leave training exactly as it would be.
     for ours, theirs in zip(steps, metrics(reference)):
         for key in ("reward", "completions/mean_length", "entropy", "loss", "learning_rate"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), (ours["step"], key)
