@@ -105,7 +105,7 @@ def check_args(args: argparse.Namespace) -> rewards.RewardSettings:
             keys=args.keys,
             move_time_limit=args.move_time_limit,
             game_time_limit=args.game_time_limit,
-            seed=args.seed,
+            game_seed=args.seed,
         )
     except ValueError as exc:
         die(str(exc))
@@ -304,17 +304,6 @@ def model_sources(args, settings, progress, only_adapter: bool = False) -> list[
 # --- playing ------------------------------------------------------------------------------------------------
 
 
-def game_kwargs(settings: rewards.RewardSettings) -> dict:
-    return dict(
-        size=settings.size,
-        target=settings.target,
-        probability_fours=settings.probability_fours,
-        keys=settings.keys,
-        move_time_limit=settings.move_time_limit,
-        game_time_limit=settings.game_time_limit,
-    )
-
-
 def play_sources(sources: list[Source], seeds: list[int], settings, progress) -> dict[tuple[int, int], list]:
     """(source index, sample index) -> one result per seed, every playable strategy in the sandbox at once.
 
@@ -322,7 +311,7 @@ def play_sources(sources: list[Source], seeds: list[int], settings, progress) ->
     chunks so the progress bar moves; a chunk is several games per core, so the cores stay busy.
     """
     codes = sorted({s.code for src in sources for s in src.samples if s.why_not_played is None})
-    jobs = [(code, dict(game_kwargs(settings), seed=seed)) for code in codes for seed in seeds]
+    jobs = [(code, settings.play_kwargs(seed)) for code in codes for seed in seeds]
     chunk = max(16, 8 * len(os.sched_getaffinity(0)))
     task = progress.add_task("playing", total=len(jobs))
     results = []
@@ -520,7 +509,7 @@ def watch(args, settings, console, progress) -> int:
                 print(f"{name}: not played: {sample.why_not_played}")
                 return 1
         extra = dict(record_keys=True) if RECORDS_KEYS else {}
-        result = sandbox.play(sample.code, seed=args.seed, **game_kwargs(settings), **extra)
+        result = sandbox.play(sample.code, **settings.play_kwargs(args.seed), **extra)
         if not RECORDS_KEYS:
             console.print("(this sandbox.py cannot record a game's keys, so only the result is shown)")
             plain(console, result_line(name, result.status, result.moves, result.score, result.max_tile, result.error))

@@ -17,7 +17,8 @@ import functools
 import hashlib
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import sandbox
 
@@ -26,17 +27,27 @@ PROFILES = ("graded", "notebook")
 
 @dataclass
 class RewardSettings:
-    """The game each completion plays and how it is scored."""
+    """The game each completion plays and how it is scored; train_2048.py parses it as options too."""
 
-    profile: str = "graded"
-    size: int = 5
-    target: int = 2048
-    probability_fours: float = 0.10
-    keys: str = "WASD"
-    games: int = 4  # games per completion in the graded profile; the notebook plays one
-    game_time_limit: float = 10.0  # a ~1000-move 5x5 game of a 3-ply search takes a few seconds
-    move_time_limit: float = 1.0
-    seed: int = 0
+    _argument_group_name = "game and rewards"  # its --help section
+
+    profile: Literal["graded", "notebook"] = field(
+        default="graded",
+        metadata={"help": "graded: mean of K games scored by the largest tile. notebook: the public notebook's."},
+    )
+    size: int = field(default=5, metadata={"help": "Board size (size x size)."})
+    target: int = field(default=2048, metadata={"help": "Tile that wins a game."})
+    probability_fours: float = field(default=0.10, metadata={"help": "Chance that a new tile is a 4."})
+    keys: str = field(default="WASD", metadata={"help": "The four move keys: up, left, down, right."})
+    games: int = field(default=4, metadata={"help": "Games per completion (graded; the notebook plays one)."})
+    game_time_limit: float = field(
+        default=10.0,  # a ~1000-move 5x5 game of a 3-ply search takes a few seconds
+        metadata={"help": "Seconds for a whole game."},
+    )
+    move_time_limit: float = field(default=1.0, metadata={"help": "Seconds for one move."})
+    game_seed: int = field(
+        default=0, metadata={"help": "With the step, fixes every game's seed (independent of --seed)."}
+    )
 
     def play_kwargs(self, seed: int) -> dict:
         """The keyword arguments of sandbox.play for one game under these settings."""
@@ -247,7 +258,7 @@ def notebook_game_score(result) -> float:
 def game_seeds(settings: RewardSettings, step: int, call: int) -> list[int]:
     """Seeds for one reward call: shared by every completion of the call (so by every GRPO group),
     new at every step and every call within a step, the same on every process and after a resume."""
-    digest = hashlib.sha256(f"train_2048/rewards/{settings.seed}/{step}/{call}".encode()).digest()
+    digest = hashlib.sha256(f"train_2048/rewards/{settings.game_seed}/{step}/{call}".encode()).digest()
     base = int.from_bytes(digest[:6], "big")
     return [base + i for i in range(1 if settings.profile == "notebook" else settings.games)]
 

@@ -19,7 +19,6 @@ training.log, metrics.jsonl, runs/ (TensorBoard), checkpoint-N/, final/ (LoRA ad
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import importlib.util
 import json
@@ -115,33 +114,6 @@ class ScriptArguments:
     eval_games: int = field(
         default=4,
         metadata={"help": "--eval_steps: games each sampled strategy plays on the training board (seeds 0, 1, ...)."},
-    )
-
-
-@dataclass
-class GameArguments:
-    """The game and the rewards: rewards.RewardSettings' fields (its seed is GRPOConfig's --seed)."""
-
-    _argument_group_name = "game and rewards"
-
-    profile: Literal["graded", "notebook"] = field(
-        default=rewards.RewardSettings.profile,
-        metadata={"help": "graded: mean of K games scored by the largest tile. notebook: the public notebook's."},
-    )
-    size: int = field(default=rewards.RewardSettings.size, metadata={"help": "Board size (size x size)."})
-    target: int = field(default=rewards.RewardSettings.target, metadata={"help": "Tile that wins a game."})
-    probability_fours: float = field(
-        default=rewards.RewardSettings.probability_fours, metadata={"help": "Chance that a new tile is a 4."}
-    )
-    keys: str = field(
-        default=rewards.RewardSettings.keys, metadata={"help": "The four move keys: up, left, down, right."}
-    )
-    games: int = field(default=rewards.RewardSettings.games, metadata={"help": "Games per completion (graded)."})
-    game_time_limit: float = field(
-        default=rewards.RewardSettings.game_time_limit, metadata={"help": "Seconds for a whole game."}
-    )
-    move_time_limit: float = field(
-        default=rewards.RewardSettings.move_time_limit, metadata={"help": "Seconds for one move."}
     )
 
 
@@ -642,11 +614,11 @@ def choose_backend(argv: list[str], config: dict) -> tuple[str, bool]:
 
 
 def parse_args(argv: list[str]):
-    """(script_args, game_args, training_args, model_args, reward settings); a bad option is a usage error."""
+    """(script_args, reward settings, training_args, model_args); a bad option is a usage error."""
     from trl import GRPOConfig, ModelConfig, TrlParser
 
     parser = TrlParser(
-        (ScriptArguments, GameArguments, GRPOConfig, ModelConfig),
+        (ScriptArguments, rewards.RewardSettings, GRPOConfig, ModelConfig),
         prog="train_2048.py",
         usage="train_2048.py [--config FILE.yaml] [--option VALUE ...]   (--help lists every option)",
         description=__doc__,
@@ -656,8 +628,8 @@ def parse_args(argv: list[str]):
         if action.dest == "eval_steps":
             action.help = EVAL_STEPS_HELP
     try:
-        script_args, game_args, training_args, model_args = parser.parse_args_and_config(argv)
-    except (ValueError, TypeError) as exc:  # an unknown YAML key, or a value GRPOConfig rejects
+        script_args, settings, training_args, model_args = parser.parse_args_and_config(argv)
+    except (ValueError, TypeError) as exc:  # an unknown YAML key, or a value GRPOConfig or RewardSettings rejects
         parser.error(" ".join(str(exc).split()))
     for name, choices in (
         ("backend", ("auto", "unsloth", "transformers")),
@@ -676,11 +648,7 @@ def parse_args(argv: list[str]):
             parser.error(f"argument --{name}: must be >= 1")
     if training_args.eval_strategy != "no":
         parser.error("--eval_strategy: train_2048 has no eval dataset; --eval_steps N alone runs its game evaluation")
-    try:
-        settings = rewards.RewardSettings(**dataclasses.asdict(game_args), seed=training_args.seed)
-    except ValueError as exc:
-        parser.error(str(exc))
-    return script_args, game_args, training_args, model_args, settings
+    return script_args, settings, training_args, model_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -710,7 +678,7 @@ def train(argv: list[str], config: dict) -> int:
     if backend == "unsloth":
         import unsloth  # noqa: F401  (it patches trl, transformers and peft, so it comes before them)
 
-    script_args, game_args, training_args, model_args, settings = parse_args(argv)
+    script_args, settings, training_args, model_args = parse_args(argv)
     model_name = model_args.model_name_or_path
     output_dir = Path(training_args.output_dir)
 

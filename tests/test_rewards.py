@@ -216,7 +216,7 @@ def test_game_seeds_change_per_step_and_call_but_not_between_runs():
     assert len(set(rewards.game_seeds(s, 5, 0))) == 3
     assert rewards.game_seeds(s, 5, 0) != rewards.game_seeds(s, 6, 0)
     assert rewards.game_seeds(s, 5, 0) != rewards.game_seeds(s, 5, 1)
-    assert rewards.game_seeds(RewardSettings(seed=1, games=3), 5, 0) != rewards.game_seeds(s, 5, 0)
+    assert rewards.game_seeds(RewardSettings(game_seed=1, games=3), 5, 0) != rewards.game_seeds(s, 5, 0)
     assert len(rewards.game_seeds(RewardSettings(**rewards.NOTEBOOK), 5, 0)) == 1
 
 

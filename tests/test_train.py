@@ -19,34 +19,41 @@ ON_CPU = ["--use_cpu", "true", "--bf16", "false"]  # GRPOConfig refuses bf16 wit
 
 
 def parse(*argv):
-    return train_2048.parse_args(list(argv))
+    """(script, grpo, model, reward settings)."""
+    script, settings, grpo, model = train_2048.parse_args(list(argv))
+    return script, grpo, model, settings
 
 
 # --- options -------------------------------------------------------------------------------------------------
 
 
 def test_flags_override_yaml_and_both_spellings_work(tmp_path):
-    script, game, grpo, model, settings = parse("--config", DEMO, "--max-steps", "7", "--learning_rate", "1e-5")
+    script, grpo, model, settings = parse("--config", DEMO, "--max-steps", "7", "--learning_rate", "1e-5")
     assert grpo.max_steps == 7 and grpo.learning_rate == 1e-5
     assert grpo.num_generations == 8 and model.model_name_or_path == "tiny" and script.warm_start
-    assert parse("--config", DEMO, "--max_steps", "9")[2].max_steps == 9
+    assert parse("--config", DEMO, "--max_steps", "9")[1].max_steps == 9
 
 
-def test_game_options_become_reward_settings_with_the_training_seed():
-    *_, settings = parse("--config", DEMO, "--size", "5", "--target", "512", "--keys", "ZQSD", "--seed", "7")
-    assert (settings.size, settings.target, settings.keys, settings.seed) == (5, 512, "ZQSD", 7)
+def test_game_options_become_reward_settings():
+    argv = ("--config", DEMO, "--size", "5", "--target", "512", "--keys", "ZQSD", "--game_seed", "7", "--seed", "3")
+    *_, settings = parse(*argv)
+    assert (settings.size, settings.target, settings.keys, settings.game_seed) == (5, 512, "ZQSD", 7)
     assert settings.profile == "graded" and settings.games == 2
 
 
-def test_every_reward_setting_is_an_option():
-    ours = {f.name for f in dataclasses.fields(train_2048.GameArguments)}
-    assert ours == {f.name for f in dataclasses.fields(rewards.RewardSettings)} - {"seed"}
-    for f in dataclasses.fields(train_2048.GameArguments):
-        assert f.default == getattr(rewards.RewardSettings, f.name)  # rewards.py owns the defaults
+def test_every_reward_setting_is_an_option(capsys):
+    with pytest.raises(SystemExit):
+        parse("--help")
+    shown = capsys.readouterr().out
+    for f in dataclasses.fields(rewards.RewardSettings):
+        assert f"--{f.name}" in shown
+    with pytest.raises(SystemExit) as exc:
+        parse("--config", DEMO, "--profile", "easy")
+    assert exc.value.code == 2
 
 
 def test_gpt_oss_preset_is_the_notebook_model_with_seed_001s_batch():
-    script, game, grpo, model, settings = parse("--config", str(train_2048.DEFAULT_CONFIG), *ON_CPU)
+    script, grpo, model, settings = parse("--config", str(train_2048.DEFAULT_CONFIG), *ON_CPU)
     assert model.model_name_or_path == "unsloth/gpt-oss-20b" and model.load_in_4bit and model.use_peft
     assert (model.lora_r, model.lora_alpha) == (4, 8)
     assert set(model.lora_target_modules) == {
@@ -65,18 +72,18 @@ def test_gpt_oss_preset_is_the_notebook_model_with_seed_001s_batch():
     assert (grpo.temperature, grpo.max_steps, grpo.save_steps, grpo.logging_steps) == (1.0, 1000, 100, 1)
     assert grpo.output_dir == "outputs" and grpo.report_to == ["tensorboard"]
     assert grpo.chat_template_kwargs == {"reasoning_effort": "low"}
-    assert settings == rewards.RewardSettings(seed=grpo.seed)  # graded, default board
+    assert settings == rewards.RewardSettings()  # graded, default board
 
 
 def test_notebook_preset_reproduces_the_notebook():
-    script, game, grpo, model, settings = parse("--config", str(REPO / "configs" / "notebook.yaml"), *ON_CPU)
+    script, grpo, model, settings = parse("--config", str(REPO / "configs" / "notebook.yaml"), *ON_CPU)
     assert (settings.profile, settings.size, settings.target, settings.games) == ("notebook", 6, 2048, 1)
     assert (grpo.max_completion_length, grpo.gradient_accumulation_steps, grpo.num_generations) == (586, 1, 2)
     assert model.model_name_or_path == "unsloth/gpt-oss-20b" and grpo.learning_rate == 5e-5
 
 
 def test_cpu_demo_preset_runs_on_the_cpu_with_a_small_board():
-    script, game, grpo, model, settings = parse("--config", DEMO)
+    script, grpo, model, settings = parse("--config", DEMO)
     assert grpo.use_cpu and not grpo.bf16 and script.backend == "transformers" and script.cpu_threads == 1
     assert (settings.size, settings.target) == (4, 256) and script.warm_start
 
