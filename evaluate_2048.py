@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import inspect
 import json
 import os
 import random
@@ -34,9 +33,6 @@ import strategies
 
 NOT_PLAYED = "not_played"  # the status of a game slot whose strategy was not played (invalid or cheating)
 ERROR_STATUSES = ("error", "invalid", "crash")
-# sandbox.play(record_keys=True) returns the keys a game played (GameResult.played_keys), so --watch can replay
-# an untrusted strategy's game with the engine; a sandbox without it gives --watch the result only.
-RECORDS_KEYS = "record_keys" in inspect.signature(sandbox.play).parameters
 
 
 def die(message: str) -> None:
@@ -105,7 +101,6 @@ def check_args(args: argparse.Namespace) -> rewards.RewardSettings:
             keys=args.keys,
             move_time_limit=args.move_time_limit,
             game_time_limit=args.game_time_limit,
-            game_seed=args.seed,
         )
     except ValueError as exc:
         die(str(exc))
@@ -138,16 +133,7 @@ class Sample:
 
     @property
     def why_not_played(self) -> str | None:
-        a = self.analysis
-        if a.code is None:
-            return "no code block defining strategy"
-        if not a.parsed:
-            return "syntax error"
-        if not a.one_function:
-            return "not one self-contained def strategy(board) (imports and helpers go inside it)"
-        if a.cheats:
-            return "cheats: " + ", ".join(a.cheats[:4])
-        return None
+        return self.analysis.why_not_played
 
 
 @dataclasses.dataclass
@@ -157,19 +143,9 @@ class Source:
     samples: list[Sample]
 
 
-def analyse_code(code: str) -> rewards.Analysis:
-    """rewards.analyse for plain Python (a file, a baseline): the same verdicts, without needing a fence."""
-    try:
-        tree = ast.parse(code)
-        compile(tree, "<strategy>", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-        return rewards.Analysis(code, False, False, ())
-    return rewards.Analysis(code, True, rewards.is_one_function(tree), tuple(rewards.find_cheats(tree)))
-
-
 def baseline_source(name: str) -> Source:
     code = strategies.source(name)
-    return Source(name, "baseline", [Sample(code, analyse_code(code))])
+    return Source(name, "baseline", [Sample(code, rewards.analyse_code(code))])
 
 
 def file_source(path: str) -> Source:
@@ -184,7 +160,7 @@ def file_source(path: str) -> Source:
         die(f"--strategy {path}: does not parse ({getattr(exc, 'msg', exc)}, line {getattr(exc, 'lineno', '?')})")
     if not any(isinstance(n, ast.FunctionDef) and n.name == "strategy" for n in tree.body):
         die(f"--strategy {path}: defines no top-level function `strategy`")
-    return Source(path, "file", [Sample(code, analyse_code(code))])
+    return Source(path, "file", [Sample(code, rewards.analyse_code(code))])
 
 
 def model_source(name: str, completions: list[str]) -> Source:
@@ -311,7 +287,7 @@ def play_sources(sources: list[Source], seeds: list[int], settings, progress) ->
     chunks so the progress bar moves; a chunk is several games per core, so the cores stay busy.
     """
     codes = sorted({s.code for src in sources for s in src.samples if s.why_not_played is None})
-    jobs = [(code, settings.play_kwargs(seed)) for code in codes for seed in seeds]
+    jobs = [(code, seed, settings) for code in codes for seed in seeds]
     chunk = max(16, 8 * len(os.sched_getaffinity(0)))
     task = progress.add_task("playing", total=len(jobs))
     results = []
@@ -508,12 +484,7 @@ def watch(args, settings, console, progress) -> int:
             if sample.why_not_played is not None:
                 print(f"{name}: not played: {sample.why_not_played}")
                 return 1
-        extra = dict(record_keys=True) if RECORDS_KEYS else {}
-        result = sandbox.play(sample.code, **settings.play_kwargs(args.seed), **extra)
-        if not RECORDS_KEYS:
-            console.print("(this sandbox.py cannot record a game's keys, so only the result is shown)")
-            plain(console, result_line(name, result.status, result.moves, result.score, result.max_tile, result.error))
-            return 0
+        result = sandbox.play(sample.code, seed=args.seed, record_keys=True, **settings.rules())
         keys = iter(result.played_keys or "")
         strategy = lambda _board: next(keys, None)  # noqa: E731
 

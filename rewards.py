@@ -15,70 +15,65 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import logging
 import math
 import re
+import secrets
 from dataclasses import dataclass, field
 from typing import Literal
 
+import policy
 import sandbox
 
 PROFILES = ("graded", "notebook")
+log = logging.getLogger("train_2048.rewards")
 
 
-@dataclass
-class RewardSettings:
-    """The game each completion plays and how it is scored; train_2048.py parses it as options too."""
+@dataclass(frozen=True)
+class RewardSettings(sandbox.Game):
+    """The game each completion plays (sandbox.Game's rules and limits, carried as they are to the referee) and how
+    it is scored; train_2048.py and evaluate_2048.py parse it as options too."""
 
     _argument_group_name = "game and rewards"  # its --help section
 
     profile: Literal["graded", "notebook"] = field(
         default="graded",
-        metadata={"help": "graded: mean of K games scored by the largest tile. notebook: the public notebook's."},
+        metadata={"help": "graded: mean of K games scored by progress. notebook: the public notebook's table."},
     )
-    size: int = field(default=5, metadata={"help": "Board size (size x size)."})
-    target: int = field(default=2048, metadata={"help": "Tile that wins a game."})
-    probability_fours: float = field(default=0.10, metadata={"help": "Chance that a new tile is a 4."})
-    keys: str = field(default="WASD", metadata={"help": "The four move keys: up, left, down, right."})
-    games: int = field(default=4, metadata={"help": "Games per completion (graded; the notebook plays one)."})
-    game_time_limit: float = field(
-        default=10.0,  # a ~1000-move 5x5 game of a 3-ply search takes a few seconds
-        metadata={"help": "Seconds for a whole game."},
+    games: int = field(default=4, metadata={"help": "Games each strategy plays (the notebook profile plays one)."})
+    game_salt: str | None = field(
+        default=None,
+        metadata={
+            "help": "Secret mixed into every training game's seed, so no strategy can compute its spawns. Default: "
+            "a random one per run, kept in each checkpoint (a resume replays the same games). Set it only to "
+            "rerun the same games exactly."
+        },
     )
-    move_time_limit: float = field(default=1.0, metadata={"help": "Seconds for one move."})
-    game_seed: int = field(
-        default=0, metadata={"help": "With the step, fixes every game's seed (independent of --seed)."}
+    require_seccomp: bool = field(
+        default=True,
+        metadata={
+            "help": "Refuse to play strategies without the sandbox's seccomp wall (libseccomp missing). false: warn "
+            "once and rely on the other walls (docs/SECURITY.md says what is then exposed)."
+        },
     )
-
-    def play_kwargs(self, seed: int) -> dict:
-        """The keyword arguments of sandbox.play for one game under these settings."""
-        return dict(
-            seed=seed,
-            size=self.size,
-            target=self.target,
-            probability_fours=self.probability_fours,
-            keys=self.keys,
-            move_time_limit=self.move_time_limit,
-            game_time_limit=self.game_time_limit,
-        )
 
     def __post_init__(self):
+        super().__post_init__()
         if self.profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
         if self.games < 1:
             raise ValueError(f"games must be >= 1, got {self.games!r}")
-        if self.game_time_limit <= 0 or self.move_time_limit <= 0:
-            raise ValueError("game_time_limit and move_time_limit must be > 0")
 
 
 NOTEBOOK = dict(profile="notebook", size=6, target=2048, probability_fours=0.10, games=1, game_time_limit=5.0)
 
 # --- extraction -------------------------------------------------------------------------------------
+# Everything here is linear in the text: completions are untrusted input judged in the trainer's process.
 
 _FINAL_RAW = "<|channel|>final<|message|>"
-_FINAL_DECODED = re.compile(r"assistantfinal")
-_HARMONY_TAIL = re.compile(r"<\|(?:return|end|call)\|>.*\Z", re.S)
-_FENCE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)```", re.S)
-_DEFINES_STRATEGY = re.compile(r"^\s*def\s+strategy\s*\(", re.M)
+_FINAL_DECODED = "assistantfinal"
+_HARMONY_ENDS = ("<|return|>", "<|end|>", "<|call|>")
+_DEFINES_STRATEGY = re.compile(r"^[ \t]*def[ \t]+strategy[ \t]*\(", re.M)  # [ \t], not \s: no backtracking
 
 
 def completion_text(completion) -> str:
@@ -98,53 +93,53 @@ def final_channel(text: str) -> str:
     """The answer part of gpt-oss Harmony output (raw, or decoded with special tokens skipped)."""
     if _FINAL_RAW in text:
         text = text.rsplit(_FINAL_RAW, 1)[1]
-        return _HARMONY_TAIL.sub("", text)
-    matches = list(_FINAL_DECODED.finditer(text))
-    if matches:
-        return text[matches[-1].end() :]
+        ends = [i for i in (text.find(end) for end in _HARMONY_ENDS) if i >= 0]
+        return text[: min(ends)] if ends else text
+    if _FINAL_DECODED in text:
+        return text.rsplit(_FINAL_DECODED, 1)[1]
     return text
 
 
-def extract_function(text) -> str | None:
-    """Source of the last closed code fence that defines `strategy`, from the final channel; else None.
+def code_blocks(text: str) -> list[str]:
+    """The bodies of the closed fenced code blocks, in order, read line by line.
 
-    An unclosed fence (a truncated completion) is not an answer.
+    A fence opens on a line that starts with three or more backticks (any info string after them:
+    ```` ```python title=x.py ````) and closes on a line of at least as many backticks alone, or at the end of a
+    line of code (`return "W"```). Windows line endings are fine. An unclosed block (a truncated completion)
+    is not a block.
     """
+    blocks, fence, body = [], 0, []
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        stripped = line.strip()
+        if not fence:
+            if stripped.startswith("```"):
+                fence, body = len(stripped) - len(stripped.lstrip("`")), []
+        elif stripped.startswith("`" * fence) and not stripped.strip("`"):
+            blocks.append("\n".join(body))
+            fence = 0
+        elif fence == 3 and stripped.endswith("```") and not stripped.endswith("````"):
+            body.append(line.rstrip()[:-3])
+            blocks.append("\n".join(body))
+            fence = 0
+        else:
+            body.append(line)
+    return blocks
+
+
+def extract_function(text) -> str | None:
+    """Source of the last closed code block that defines `strategy`, from the final channel; else None."""
     answer = final_channel(completion_text(text))
-    blocks = [body for _, body in _FENCE.findall(answer) if _DEFINES_STRATEGY.search(body)]
+    blocks = [body for body in code_blocks(answer) if _DEFINES_STRATEGY.search(body)]
     if not blocks:
         return None
-    code = blocks[-1]
     # Dedent a block that was indented as a whole (e.g. inside a list item).
-    lines = code.splitlines()
+    lines = blocks[-1].splitlines()
     indents = [len(line) - len(line.lstrip()) for line in lines if line.strip()]
     cut = min(indents, default=0)
     return "\n".join(line[cut:] for line in lines).strip("\n") + "\n"
 
 
 # --- static analysis --------------------------------------------------------------------------------
-
-ESCAPE_NAMES = frozenset(
-    {
-        "__import__", "eval", "exec", "compile", "open", "globals", "locals", "vars", "breakpoint", "input",
-    }
-)  # fmt: skip
-# Module names that are an escape hatch even when used without an import (the sandbox has none of them).
-ESCAPE_MODULES = frozenset(
-    {
-        "sys", "os", "gc", "inspect", "ctypes", "signal", "threading", "subprocess", "socket", "importlib",
-        "builtins", "multiprocessing", "resource", "pickle", "marshal", "shutil", "pathlib", "io", "types",
-        "weakref", "code", "codeop", "pty", "posix", "_thread", "asyncio", "concurrent", "mmap", "fcntl",
-        "tempfile", "glob", "sysconfig", "site", "runpy", "traceback", "tracemalloc", "faulthandler",
-    }
-)  # fmt: skip
-ATTRIBUTE_CALLS = frozenset({"getattr", "setattr", "delattr", "hasattr"})  # fine with a plain public name
-ESCAPE_ATTRIBUTES = frozenset(
-    {
-        "f_back", "f_locals", "f_globals", "f_builtins", "f_code", "f_trace", "tb_frame", "tb_next",
-        "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "co_code", "co_consts",
-    }
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -154,36 +149,24 @@ class Analysis:
     code: str | None  # None: nothing extracted
     parsed: bool  # the code parses and compiles
     one_function: bool  # only `def strategy(...)` at top level (imports and a docstring allowed)
-    cheats: tuple[str, ...]  # escape hatches found, e.g. ("import os", "__subclasses__")
+    cheats: tuple[str, ...]  # what it uses that a strategy may not (policy.py), e.g. ("import of 'os'",)
 
+    @property
+    def playable(self) -> bool:
+        """The one rule for what is played in the sandbox: one clean, loadable function."""
+        return self.parsed and self.one_function and not self.cheats
 
-def is_forbidden_dunder(name: str) -> bool:
-    return name.startswith("__") and name not in sandbox.SAFE_DUNDERS
-
-
-def find_cheats(tree: ast.AST) -> list[str]:
-    """Every import outside the sandbox's allowlist and every reach for an escape hatch."""
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [f"import {a.name}" for a in node.names if a.name.split(".")[0] not in sandbox.ALLOWED_MODULES]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level or (node.module or "").split(".")[0] not in sandbox.ALLOWED_MODULES:
-                found.append(f"from {'.' * node.level}{node.module or ''} import")
-        elif isinstance(node, ast.Name):
-            if node.id in ESCAPE_NAMES or node.id in ESCAPE_MODULES or is_forbidden_dunder(node.id):
-                found.append(node.id)
-        elif isinstance(node, ast.Attribute):
-            if is_forbidden_dunder(node.attr) or node.attr in ESCAPE_ATTRIBUTES:
-                found.append(node.attr)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ATTRIBUTE_CALLS:
-            name = node.args[1] if len(node.args) > 1 else None
-            if not (isinstance(name, ast.Constant) and isinstance(name.value, str) and not name.value.startswith("_")):
-                found.append(f"{node.func.id} with a computed or private name")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if node.value.endswith("__") and is_forbidden_dunder(node.value):
-                found.append(repr(node.value))  # a dunder name spelled as a string, for getattr & co.
-    return sorted(set(found))
+    @property
+    def why_not_played(self) -> str | None:
+        if self.code is None:
+            return "no code block defining strategy"
+        if not self.parsed:
+            return "syntax error"
+        if not self.one_function:
+            return "not one self-contained def strategy(board) (imports and helpers go inside it)"
+        if self.cheats:
+            return "cheats: " + ", ".join(self.cheats[:4])
+        return None
 
 
 def is_one_function(tree: ast.Module) -> bool:
@@ -198,17 +181,20 @@ def is_one_function(tree: ast.Module) -> bool:
     return len(args.posonlyargs) + len(args.args) >= 1 or args.vararg is not None
 
 
-@functools.lru_cache(maxsize=4096)
-def _analyse_text(text: str) -> Analysis:
-    code = extract_function(text)
-    if code is None:
-        return Analysis(None, False, False, ())
+def analyse_code(code: str) -> Analysis:
+    """Judge plain Python (extracted from a completion, a file, a baseline) without running it."""
     try:
         tree = ast.parse(code)
         compile(tree, "<strategy>", "exec", dont_inherit=True)  # compile only: catches what parse lets by
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
         return Analysis(code, False, False, ())
-    return Analysis(code, True, is_one_function(tree), tuple(find_cheats(tree)))
+    return Analysis(code, True, is_one_function(tree), tuple(policy.violations(tree)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _analyse_text(text: str) -> Analysis:
+    code = extract_function(text)
+    return Analysis(None, False, False, ()) if code is None else analyse_code(code)
 
 
 def analyse(completion) -> Analysis:
@@ -255,12 +241,22 @@ def notebook_game_score(result) -> float:
     return NOTEBOOK_FAILED  # failed, invalid
 
 
-def game_seeds(settings: RewardSettings, step: int, call: int) -> list[int]:
-    """Seeds for one reward call: shared by every completion of the call (so by every GRPO group),
-    new at every step and every call within a step, the same on every process and after a resume."""
-    digest = hashlib.sha256(f"train_2048/rewards/{settings.game_seed}/{step}/{call}".encode()).digest()
-    base = int.from_bytes(digest[:6], "big")
-    return [base + i for i in range(1 if settings.profile == "notebook" else settings.games)]
+def game_seeds(settings: RewardSettings, salt: str, step: int, call: int) -> list[int]:
+    """Seeds for one reward call: shared by every completion of the call (so by every GRPO group), new at every
+    step and every call within a step, the same on every process and after a resume (the salt is saved).
+
+    The secret salt is what keeps them out of reach: from public inputs alone (step, call) a strategy could
+    search for the seed that deals its opening board and then play with foresight.
+    """
+    n = 1 if settings.profile == "notebook" else settings.games
+    return [
+        int.from_bytes(hashlib.sha256(f"train_2048/rewards/{salt}/{step}/{call}/{i}".encode()).digest()[:8], "big")
+        for i in range(n)
+    ]
+
+
+def new_salt() -> str:
+    return secrets.token_hex(16)
 
 
 # --- the reward functions ---------------------------------------------------------------------------
@@ -277,7 +273,7 @@ def function_works(completions, **kwargs) -> list[float]:
 
 def make_no_cheating(settings: RewardSettings):
     def no_cheating(completions, **kwargs) -> list[float]:
-        """+1 clean; -20 an import outside the allowlist or an escape hatch; -1 nothing extracted.
+        """+1 clean; -20 uses what a strategy may not (policy.py); -1 nothing extracted.
 
         A syntax error cannot be judged: -1 in the graded profile, -20 in the notebook's.
         """
@@ -295,10 +291,9 @@ def make_no_cheating(settings: RewardSettings):
     return no_cheating
 
 
-_unlogged_metrics: dict[str, list[float]] = {}
-
-
 def make_strategy_succeeds(settings: RewardSettings):
+    """The game reward. Its games' seeds come from settings.game_salt (a fresh secret one when it is None)."""
+    salt = settings.game_salt or new_salt()
     calls_this_step = {}  # global_step -> reward calls so far; several per step with gradient accumulation
 
     def strategy_succeeds(completions, trainer_state=None, log_metric=None, **kwargs) -> list[float]:
@@ -307,21 +302,22 @@ def make_strategy_succeeds(settings: RewardSettings):
         call = calls_this_step.get(step, 0)
         calls_this_step.clear()
         calls_this_step[step] = call + 1
-        seeds = game_seeds(settings, step, call)
+        seeds = game_seeds(settings, salt, step, call)
 
         analyses = [analyse(c) for c in completions]
-        playable = sorted({a.code for a in analyses if a.parsed and a.one_function and not a.cheats})
-        jobs = [(code, settings.play_kwargs(seed)) for code in playable for seed in seeds]
+        playable = sorted({a.code for a in analyses if a.playable})
+        jobs = [(code, seed, settings) for code in playable for seed in seeds]
+        failed = False
         try:
-            results = sandbox.play_many(jobs)
+            results = sandbox.play_many(jobs, strict=settings.require_seccomp)
         except Exception as exc:  # the sandbox itself failed: score nothing rather than stop training
-            print(f"rewards: sandbox failure, batch scored as not played: {type(exc).__name__}: {exc}")
-            results = []
+            log.error(f"the sandbox failed, this batch is scored as not played: {type(exc).__name__}: {exc}")
+            results, failed = [], True
         by_code = {code: results[i * len(seeds) : (i + 1) * len(seeds)] for i, code in enumerate(playable)}
 
         scores, games = [], []
         for a in analyses:
-            played = by_code.get(a.code) if a.parsed and a.one_function and not a.cheats else None
+            played = by_code.get(a.code) if a.playable else None
             if not played:
                 scores.append(0.0)
                 continue
@@ -332,18 +328,15 @@ def make_strategy_succeeds(settings: RewardSettings):
                 per_game = [graded_game_score(r, settings.target) for r in played]
             scores.append(sum(per_game) / len(per_game))
 
-        metrics = batch_metrics(analyses, games)
-        for name, value in metrics.items():
-            if log_metric is not None:
+        if log_metric is not None:
+            for name, value in batch_metrics(analyses, games, failed).items():
                 log_metric(name, value)
-            else:
-                _unlogged_metrics.setdefault(name, []).append(value)
         return scores
 
     return strategy_succeeds
 
 
-def batch_metrics(analyses: list[Analysis], games: list[list]) -> dict[str, float]:
+def batch_metrics(analyses: list[Analysis], games: list[list], sandbox_failed: bool = False) -> dict[str, float]:
     """Game metrics of one reward call; each completion counts once, its games once each."""
     n = max(len(analyses), 1)
     flat = [r for played in games for r in played]
@@ -352,6 +345,7 @@ def batch_metrics(analyses: list[Analysis], games: list[list]) -> dict[str, floa
         "game/cheat_frac": sum(bool(a.cheats) for a in analyses) / n,
         "game/timeout_frac": sum(any(r.status == "timeout" for r in p) for p in games) / n,
         "game/error_frac": sum(any(r.status in ("error", "crash", "invalid") for r in p) for p in games) / n,
+        "game/sandbox_failure": float(sandbox_failed),  # 1 when the sandbox itself failed and nothing was played
     }
     if flat:
         metrics["game/win_rate"] = sum(r.status == "success" for r in flat) / len(flat)
@@ -360,22 +354,10 @@ def batch_metrics(analyses: list[Analysis], games: list[list]) -> dict[str, floa
     return metrics
 
 
-def pop_metrics() -> dict[str, float]:
-    """Means of the metrics of calls made without TRL's `log_metric` (e.g. outside a trainer), then reset."""
-    means = {k: sum(v) / len(v) for k, v in _unlogged_metrics.items() if v}
-    _unlogged_metrics.clear()
-    return means
-
-
-def reward_functions(settings: RewardSettings | None = None) -> list:
+def reward_functions(settings: RewardSettings) -> list:
     """[function_works, no_cheating, strategy_succeeds] for TRL's `reward_funcs`, configured by `settings`."""
-    settings = settings or RewardSettings()
     return [function_works, make_no_cheating(settings), make_strategy_succeeds(settings)]
 
-
-# Module-level versions with the default settings, for direct use.
-no_cheating = make_no_cheating(RewardSettings())
-strategy_succeeds = make_strategy_succeeds(RewardSettings())
 
 # --- prompt and dataset -----------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ training.log, metrics.jsonl, runs/ (TensorBoard), checkpoint-N/, final/ (LoRA ad
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -351,16 +352,12 @@ def load_model(path: str, backend: str, script_args, model_args, training_args, 
 
 
 def keep_scores(func, latest: dict):
-    """`func` as a TRL reward that also keeps its last scores (and the completions) for the TensorBoard samples,
-    and hands metrics that rewards.py kept aside (rewards.pop_metrics) to TRL's logs."""
+    """`func` as a TRL reward that also keeps its last scores (and the completions) for the TensorBoard samples."""
 
     @functools.wraps(func)
     def reward(completions, **kwargs):
         scores = func(completions, **kwargs)
         latest["completions"], latest[func.__name__] = completions, scores
-        if kwargs.get("log_metric") is not None:
-            for name, value in rewards.pop_metrics().items():
-                kwargs["log_metric"](name, value)
         return scores
 
     return reward
@@ -488,6 +485,22 @@ def sample_markdown(latest: dict, count: int) -> str:
         code = "\n".join("    " + line for line in rewards.completion_text(completion).splitlines())
         blocks.append(f"**total {total:.2f}** ({detail})\n\n{code}")
     return "\n\n---\n\n".join(blocks)
+
+
+def GameSalt(salt: str):
+    """A callback that only carries the salt into every checkpoint's trainer_state.json (transformers saves the
+    state of ExportableState callbacks there), so --resume replays the same games."""
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import ExportableState
+
+    class GameSalt(TrainerCallback, ExportableState):
+        def __init__(self, salt: str):
+            self.salt = salt
+
+        def state(self) -> dict:
+            return {"args": {"salt": self.salt}, "attributes": {}}
+
+    return GameSalt(salt)
 
 
 def make_callbacks(output_dir: Path, script_args, latest: dict, evaluate=None):
@@ -737,6 +750,7 @@ def train(argv: list[str], config: dict) -> int:
     from trl import GRPOTrainer, SFTConfig, SFTTrainer
 
     set_seed(training_args.seed)
+    settings = dataclasses.replace(settings, game_salt=game_salt(settings, checkpoint, state))
     if script_args.cpu_threads > 0:
         import torch
 
@@ -817,7 +831,7 @@ def train(argv: list[str], config: dict) -> int:
         args=training_args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[ctrl_c, evaluator],
+        callbacks=[ctrl_c, evaluator, GameSalt(settings.game_salt)],
     )
     evaluator.trainer = trainer
     short_lines(trainer, progress_bar)
@@ -889,6 +903,18 @@ def train(argv: list[str], config: dict) -> int:
             ok &= check_same(expected, got, merged_dir, backend)
     log.info(f"done after {step} steps. TensorBoard: tensorboard --logdir {output_dir}")
     return 0 if ok else 1
+
+
+def game_salt(settings, checkpoint: Path | None, state) -> str:
+    """The secret mixed into the training games' seeds: the checkpoint's on a resume, else --game_salt, else a fresh
+    random one; the main process decides and every rank uses it (each rank plays its share of the same games)."""
+    from accelerate.utils import broadcast_object_list
+
+    salt = settings.game_salt or rewards.new_salt()
+    if checkpoint is not None:
+        saved = json.loads((checkpoint / "trainer_state.json").read_text()).get("stateful_callbacks", {})
+        salt = saved.get("GameSalt", {}).get("args", {}).get("salt") or salt
+    return broadcast_object_list([salt])[0] if state.num_processes > 1 else salt
 
 
 def check_same(expected: list[list[int]], got: list[list[int]], path: Path, backend: str) -> bool:

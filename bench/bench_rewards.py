@@ -34,14 +34,14 @@ def batch() -> list[str]:
 
 def serial(completions, settings, step):
     """The same games, one at a time: what a reward function without parallelism or dedup does."""
-    seeds = rewards.game_seeds(settings, step, 0)
+    seeds = rewards.game_seeds(settings, settings.game_salt, step, 0)
     scores = []
     for completion in completions:
         a = rewards.analyse(completion)
-        if not (a.parsed and a.one_function and not a.cheats):
+        if not a.playable:
             scores.append(0.0)
             continue
-        results = [sandbox.play(a.code, **settings.play_kwargs(seed)) for seed in seeds]
+        results = [sandbox.play(a.code, seed=seed, **settings.rules()) for seed in seeds]
         scores.append(sum(rewards.graded_game_score(r, settings.target) for r in results) / len(results))
     return scores
 
@@ -74,7 +74,7 @@ def main():
     sandbox.start()
     if args.baselines:
         return baseline_rewards(args.baselines)
-    settings = rewards.RewardSettings()
+    settings = rewards.RewardSettings(game_salt="bench")
     completions = batch()
     assert len(completions) == 16
     fast, slow, differ = [], [], 0

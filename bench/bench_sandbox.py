@@ -102,7 +102,8 @@ def serial(batch, seed):
 
 
 def parallel(batch, seed, move_limit, workers=None):
-    jobs = [(code, dict(BOARD, seed=seed, game_time_limit=GAME_LIMIT, move_time_limit=move_limit)) for code in batch]
+    game = sandbox.Game(**BOARD, game_time_limit=GAME_LIMIT, move_time_limit=move_limit)
+    jobs = [(code, seed, game) for code in batch]
     t = time.perf_counter()
     results = sandbox.play_many(jobs, workers=workers)
     return time.perf_counter() - t, [r.status for r in results]
@@ -123,7 +124,7 @@ def per_child(n: int) -> dict[str, float]:
         sandbox.play(code, seed=i, **BOARD)
     out["play() one at a time"] = (time.perf_counter() - t) / n * 1000
     t = time.perf_counter()
-    sandbox.play_many([(code, dict(BOARD, seed=i)) for i in range(n)])
+    sandbox.play_many([(code, i, sandbox.Game(**BOARD)) for i in range(n)])
     out["play_many, all cores"] = (time.perf_counter() - t) / n * 1000
     return out
 

@@ -1,11 +1,13 @@
 """Rewards: extraction from gpt-oss output, every reward case, both profiles, ranking, batches."""
 
-import math
+import logging
+import time
 from types import SimpleNamespace
 
 import pytest
 
 import rewards
+import sandbox
 import strategies
 from rewards import (
     RewardSettings,
@@ -21,6 +23,7 @@ from rewards import (
 from sandbox import GameResult
 
 GOOD = 'def strategy(board):\n    import random\n    return random.choice("WASD")\n'
+NO_CHEATING = rewards.make_no_cheating(RewardSettings())
 
 
 def fenced(code, lang="python"):
@@ -87,6 +90,54 @@ def test_extract_dedents_an_indented_block():
     assert extract_function(fenced(block)) == "def strategy(board):\n    return 'W'\n"
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Here:\r\n```python\r\n" + GOOD.replace("\n", "\r\n") + "```\r\n",  # Windows line endings
+        "```python title=strategy.py\n" + GOOD + "```",  # an info string after the language
+        "```py\n" + GOOD + "```",
+        "  ```python\n" + GOOD + "  ```\n",  # an indented fence
+        "````python\n" + GOOD + "````\n",  # a longer fence
+        "```python\n" + GOOD.rstrip("\n") + "```\nDone.",  # closed at the end of the last line of code
+    ],
+)
+def test_extract_common_fence_spellings(text):
+    assert extract_function(text) == GOOD
+
+
+def test_a_longer_fence_keeps_a_shorter_one_inside():
+    code = 'def strategy(board):\n    doc = """\n```\n"""\n    return "W"\n'
+    assert extract_function("````python\n" + code + "````") == code
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "```python\n" + "\n" * 100_000 + "```",  # 14 s with the regular expressions this judge replaced
+        "```" + " \t" * 50_000,  # 14 s before
+        "```python\n" + " \n" * 50_000 + "```",  # 7 s before
+        "```" * 33_000,
+        "```python\n" + "\n" * 100_000,  # an unclosed block of newlines
+        "\n" * 50_000 + "def strategy(" + " " * 50_000,
+        "```python\ndef strategy(board):\n    return " + "(" * 100_000 + "\n```",
+        "```python\ndef strategy(board):\n    return " + "1+" * 50_000 + "1\n```",
+        "assistantfinal" * 7_000,
+        "<|channel|>final<|message|>" * 4_000 + "<|end|>" * 4_000,
+    ],
+    ids=["block-of-newlines", "tabs-after-a-fence", "block-of-blank-lines", "fences", "unclosed", "spaces", "brackets",
+         "long-expression", "channels", "harmony"],  # fmt: skip
+)
+def test_judging_a_pathological_answer_takes_well_under_a_second(text):
+    assert len(text) >= 90_000
+    rewards._analyse_text.cache_clear()
+    start = time.perf_counter()
+    for completion in (text, text + " "):  # twice: once cached would prove nothing
+        a = analyse(completion)
+        function_works([completion]), NO_CHEATING([completion])
+    assert time.perf_counter() - start < 1.0
+    assert not a.playable
+
+
 # --- function_works ---------------------------------------------------------------------------------
 
 
@@ -128,6 +179,11 @@ CHEATS = {
     "vars": "def strategy(board):\n    vars()\n    return 'W'\n",
     "getattr dunder": "def strategy(board):\n    getattr(board, '__class__')\n    return 'W'\n",
     "getattr computed": "def strategy(board):\n    getattr(board, 'x' + 'y')\n    return 'W'\n",
+    "input builtin": "def strategy(board):\n    return input()\n",
+    "match args": "def strategy(board):\n    class P:\n        __match_args__ = ('__globals__',)\n    return 'W'\n",
+    "positional class pattern": "def strategy(board):\n    match board:\n        case P(g):\n            pass\n    return 'W'\n",
+    "instancecheck": "def strategy(board):\n    class M(type):\n        def __instancecheck__(c, o):\n            return 1\n"
+    "    return 'W'\n",
     "setattr dunder": "def strategy(board):\n    setattr(board, '__dict__', 1)\n    return 'W'\n",
     "__subclasses__": "def strategy(board):\n    ().__class__.__base__.__subclasses__()\n    return 'W'\n",
     "__globals__": "def strategy(board):\n    strategy.__globals__\n    return 'W'\n",
@@ -135,8 +191,6 @@ CHEATS = {
     "__code__": "def strategy(board):\n    strategy.__code__\n    return 'W'\n",
     "frame": "def strategy(board):\n    import random\n    random.x.f_back.f_locals\n    return 'W'\n",
     "traceback": "def strategy(board):\n    try:\n        1/0\n    except Exception as e:\n        e.__traceback__.tb_frame\n    return 'W'\n",
-    "sys without import": "def strategy(board):\n    sys.modules\n    return 'W'\n",
-    "os without import": "def strategy(board):\n    os.system('true')\n    return 'W'\n",
     "gc": "def strategy(board):\n    import gc\n    return 'W'\n",
     "inspect": "def strategy(board):\n    import inspect\n    return 'W'\n",
     "ctypes": "def strategy(board):\n    import ctypes\n    return 'W'\n",
@@ -144,13 +198,12 @@ CHEATS = {
     "threading": "def strategy(board):\n    import threading\n    return 'W'\n",
     "socket": "def strategy(board):\n    import socket\n    return 'W'\n",
     "importlib": "def strategy(board):\n    import importlib\n    return 'W'\n",
-    "dunder string": "def strategy(board):\n    x = '__globals__'\n    return 'W'\n",
 }
 
 
 @pytest.mark.parametrize("name", sorted(CHEATS))
 def test_no_cheating_flags_each_forbidden_construct(name):
-    assert rewards.no_cheating([fenced(CHEATS[name])]) == [-20.0], analyse(fenced(CHEATS[name]))
+    assert NO_CHEATING([fenced(CHEATS[name])]) == [-20.0], analyse(fenced(CHEATS[name]))
 
 
 @pytest.mark.parametrize(
@@ -166,12 +219,43 @@ def test_no_cheating_flags_each_forbidden_construct(name):
     ],
 )
 def test_no_cheating_clean(code):
-    assert rewards.no_cheating([fenced(code)]) == [1.0]
+    assert NO_CHEATING([fenced(code)]) == [1.0]
+
+
+# Honest code the old name-based judge scored as cheating: names in use are judged, not every identifier.
+HONEST = {
+    "local names": "def strategy(board):\n    code, types, signal, resource, site, input = 1, 2, 3, 4, 5, 6\n"
+    "    return 'WASD'[(code + types + signal + resource + site + input) % 4]\n",
+    "a memo on the function": "def strategy(board):\n    memo = getattr(strategy, '_memo', None)\n"
+    "    if memo is None:\n        memo = strategy._memo = {}\n    memo[len(memo)] = 1\n    return 'W'\n",
+    "dunder-like strings": "def strategy(board):\n    sep = '__'\n    name = '__main__' + sep + '__x__'\n"
+    "    return 'W' if name else 'A'\n",
+    "a module name as a parameter": "def strategy(board, os=None, sys=None):\n    return 'W'\n",
+    "print": "def strategy(board):\n    print(board)\n    return 'S'\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HONEST))
+def test_honest_code_is_honest(name):
+    assert NO_CHEATING([fenced(HONEST[name])]) == [1.0], analyse(fenced(HONEST[name]))
+
+
+@pytest.mark.parametrize("name", sorted(HONEST) + sorted(CHEATS))
+def test_the_judge_and_the_sandbox_agree(name):
+    """One policy: what the rewards call clean loads and plays in the sandbox; what they call cheating, the sandbox
+    refuses to load (its error names the same thing)."""
+    code = HONEST.get(name) or CHEATS[name]
+    a = analyse(fenced(code))
+    r = sandbox.play(code, seed=0, size=4, target=16, move_time_limit=1.0, game_time_limit=3.0)
+    if a.cheats:
+        assert r.status == "error" and r.error.endswith(f"{a.cheats[0]} is not allowed in the sandbox"), (a, r)
+    else:
+        assert r.status in ("success", "failed"), (a, r)
 
 
 def test_no_cheating_nothing_extracted_and_syntax_error():
     broken = fenced("def strategy(board):\n  return (\n")
-    assert rewards.no_cheating(["no code", broken]) == [-1.0, -1.0]
+    assert NO_CHEATING(["no code", broken]) == [-1.0, -1.0]
     notebook_no_cheating = reward_functions(RewardSettings(**rewards.NOTEBOOK))[1]
     assert notebook_no_cheating(["no code", broken]) == [-1.0, -20.0]
 
@@ -179,7 +263,7 @@ def test_no_cheating_nothing_extracted_and_syntax_error():
 def test_no_cheating_judges_code_that_is_not_one_function_by_its_imports():
     code = "import os\ndef helper(): pass\ndef strategy(board):\n    return 'W'\n"
     assert function_works([fenced(code)]) == [-0.5]
-    assert rewards.no_cheating([fenced(code)]) == [-20.0]
+    assert NO_CHEATING([fenced(code)]) == [-20.0]
 
 
 # --- per-game scores --------------------------------------------------------------------------------
@@ -210,14 +294,26 @@ def test_graded_game_scores():
     assert graded_game_score(result("invalid", 64), 2048) == -2.0
 
 
-def test_game_seeds_change_per_step_and_call_but_not_between_runs():
+def test_game_seeds_change_per_step_and_call_and_with_the_salt():
     s = RewardSettings(games=3)
-    assert rewards.game_seeds(s, 5, 0) == rewards.game_seeds(RewardSettings(games=3), 5, 0)
-    assert len(set(rewards.game_seeds(s, 5, 0))) == 3
-    assert rewards.game_seeds(s, 5, 0) != rewards.game_seeds(s, 6, 0)
-    assert rewards.game_seeds(s, 5, 0) != rewards.game_seeds(s, 5, 1)
-    assert rewards.game_seeds(RewardSettings(game_seed=1, games=3), 5, 0) != rewards.game_seeds(s, 5, 0)
-    assert len(rewards.game_seeds(RewardSettings(**rewards.NOTEBOOK), 5, 0)) == 1
+    assert rewards.game_seeds(s, "salt", 5, 0) == rewards.game_seeds(RewardSettings(games=3), "salt", 5, 0)
+    assert len(set(rewards.game_seeds(s, "salt", 5, 0))) == 3
+    assert rewards.game_seeds(s, "salt", 5, 0) != rewards.game_seeds(s, "salt", 6, 0)
+    assert rewards.game_seeds(s, "salt", 5, 0) != rewards.game_seeds(s, "salt", 5, 1)
+    assert rewards.game_seeds(s, "other", 5, 0) != rewards.game_seeds(s, "salt", 5, 0)
+    assert len(rewards.game_seeds(RewardSettings(**rewards.NOTEBOOK), "salt", 5, 0)) == 1
+    assert len({rewards.new_salt() for _ in range(3)}) == 3 and len(rewards.new_salt()) == 32  # 128 secret bits
+
+
+def test_without_a_salt_every_reward_function_plays_its_own_secret_games():
+    batch = [fenced(strategies.source("random"))]
+    unsalted = RewardSettings(**{**FAST, "game_salt": None})
+    first, second = (reward_functions(unsalted)[2] for _ in range(2))
+    pairs = [(first(batch, trainer_state=step(n)), second(batch, trainer_state=step(n))) for n in range(4)]
+    assert any(a != b for a, b in pairs)  # same step, different games
+    salted = RewardSettings(**{**FAST, "game_salt": "fixed"})
+    a, b = reward_functions(salted)[2], reward_functions(salted)[2]
+    assert [a(batch, trainer_state=step(n)) for n in range(3)] == [b(batch, trainer_state=step(n)) for n in range(3)]
 
 
 def test_settings_validation():
@@ -246,7 +342,7 @@ def test_dataset_rows_are_conversational_with_reasoning_effort():
 
 # --- strategy_succeeds in the sandbox ---------------------------------------------------------------
 
-FAST = dict(size=4, target=256, games=2, game_time_limit=3.0, move_time_limit=0.5)
+FAST = dict(size=4, target=256, games=2, game_time_limit=3.0, move_time_limit=0.5, game_salt="tests")
 
 
 def step(n):
@@ -310,19 +406,27 @@ def test_identical_code_is_played_once(monkeypatch):
 def test_scores_are_deterministic_for_fixed_seeds_and_change_with_the_step():
     batch = [fenced(strategies.source("random")), fenced(strategies.source("corner"))]
     first = reward_functions(RewardSettings(**FAST))[2]
-    second = reward_functions(RewardSettings(**FAST))[2]
+    second = reward_functions(RewardSettings(**FAST))[2]  # the same salt
     a = first(batch, trainer_state=step(3))
     assert a == second(batch, trainer_state=step(3))
     later = [first(batch, trainer_state=step(n)) for n in (4, 5, 6)]
     assert any(x != a for x in later)
 
 
-def test_sandbox_failure_is_a_score_not_an_exception(monkeypatch):
+def test_sandbox_failure_is_a_score_a_log_line_and_a_metric(monkeypatch, caplog, capsys):
     def broken(jobs, **kw):
         raise RuntimeError("server gone")
 
     monkeypatch.setattr(rewards.sandbox, "play_many", broken)
-    assert rewards.strategy_succeeds([fenced(GOOD)]) == [0.0]
+    logged = {}
+    succeeds = reward_functions(RewardSettings(**FAST))[2]
+    with caplog.at_level(logging.ERROR, logger="train_2048.rewards"):
+        assert succeeds([fenced(GOOD)], log_metric=logged.__setitem__) == [0.0]
+    assert "RuntimeError: server gone" in caplog.text and capsys.readouterr().out == ""
+    assert logged["game/sandbox_failure"] == 1.0
+    monkeypatch.undo()
+    succeeds([fenced(GOOD)], log_metric=logged.__setitem__)
+    assert logged["game/sandbox_failure"] == 0.0
 
 
 def test_notebook_profile_exact_numbers():
@@ -356,11 +460,3 @@ def test_graded_profile_ranks_baselines_on_the_default_board():
             totals[name] += s
     assert totals["random"] < totals["greedy"] < totals["corner"] <= totals["expectimax"] + 1e-9, totals
     assert totals["random"] < 0.5 * totals["corner"], totals  # random.choice is no local optimum
-
-
-def test_pop_metrics_without_trl():
-    rewards.pop_metrics()
-    reward_functions(RewardSettings(**FAST))[2]([fenced(GOOD)], trainer_state=step(0))
-    metrics = rewards.pop_metrics()
-    assert metrics["game/cheat_frac"] == 0.0 and math.isfinite(metrics["game/max_tile_log2"])
-    assert rewards.pop_metrics() == {}

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 import game2048
+import policy
 import sandbox
 import strategies
 
@@ -110,7 +111,7 @@ def test_same_seed_same_game_and_unseeded_games_run():
 
 
 def test_every_allowed_module_imports():
-    imports = "\n".join(f"import {m}" for m in sorted(sandbox.ALLOWED_MODULES) if m != "__future__")
+    imports = "\n".join(f"import {m}" for m in sorted(policy.ALLOWED_MODULES) if m != "__future__")
     code = (
         "from __future__ import annotations\n"
         f"{imports}\n"
@@ -130,11 +131,11 @@ def test_every_allowed_module_imports():
 
 
 def test_ALLOWED_MODULES_is_pure_computation():
-    assert isinstance(sandbox.ALLOWED_MODULES, frozenset)
-    assert {"math", "random", "itertools", "functools", "collections", "heapq"} <= sandbox.ALLOWED_MODULES
+    assert isinstance(policy.ALLOWED_MODULES, frozenset)
+    assert {"math", "random", "itertools", "functools", "collections", "heapq"} <= policy.ALLOWED_MODULES
     assert (
         not {"os", "sys", "io", "gc", "inspect", "importlib", "ctypes", "pickle", "subprocess"}
-        & sandbox.ALLOWED_MODULES
+        & policy.ALLOWED_MODULES
     )
 
 
@@ -223,7 +224,9 @@ def test_a_timeout_keeps_the_game_so_far():
 
 def test_bad_arguments_raise_in_the_caller():
     with pytest.raises(TypeError):
-        sandbox.play_many([("def strategy(b):\n    return 'W'\n", {})])  # no seed
+        sandbox.play_many([("def strategy(b):\n    return 'W'\n", 0, {"size": 4})])  # not a Game
+    with pytest.raises(TypeError):
+        sandbox.play_many([("def strategy(b):\n    return 'W'\n", "0", sandbox.Game())])  # not a seed
     with pytest.raises(TypeError):
         sandbox.play("x", seed=0, colour="red")
     with pytest.raises(TypeError):
@@ -234,6 +237,8 @@ def test_bad_arguments_raise_in_the_caller():
         sandbox.play("x", seed=0, keys="WWSD")
     with pytest.raises(ValueError):
         sandbox.play("x", seed=0, game_time_limit=0)
+    with pytest.raises(ValueError):
+        sandbox.play("x", seed=0, max_moves=-1)
     assert sandbox.play_many([]) == []
 
 
@@ -248,9 +253,10 @@ def test_oversized_code_is_an_error_without_a_process():
 def test_play_many_keeps_job_order():
     codes = [strategies.source(n) for n in ("random", "greedy", "corner")]
     codes += ["def strategy(board):\n    return 1 / 0\n", "def strategy(board):\n    return 'Q'\n"]
-    jobs = [(code, dict(seed=seed, size=4, target=128, **QUICK)) for code in codes for seed in (0, 1)]
+    game = sandbox.Game(size=4, target=128, **QUICK)
+    jobs = [(code, seed, game) for code in codes for seed in (0, 1)]
     together = sandbox.play_many(jobs, workers=3)
-    alone = [sandbox.play(code, **kwargs) for code, kwargs in jobs]
+    alone = [sandbox.play(code, seed=seed, size=4, target=128, **QUICK) for code, seed, _ in jobs]
     assert [summary(r) for r in together] == [summary(r) for r in alone]
     assert [r.status for r in together[-4:]] == ["error", "error", "invalid", "invalid"]
     assert our_processes() == []
@@ -259,7 +265,7 @@ def test_play_many_keeps_job_order():
 def test_play_many_runs_games_at_once():
     # Sleeping strategies need no CPU, so this holds on a loaded machine; the bound is generous.
     code = "import time\ndef strategy(board):\n    time.sleep(0.4)\n    return 'Q'\n"
-    jobs = [(code, dict(seed=i, size=4, move_time_limit=2.0, game_time_limit=3.0)) for i in range(6)]
+    jobs = [(code, i, sandbox.Game(size=4, move_time_limit=2.0, game_time_limit=3.0)) for i in range(6)]
     t = time.monotonic()
     results = sandbox.play_many(jobs, workers=6)
     elapsed = time.monotonic() - t
@@ -278,7 +284,7 @@ def test_play_many_default_workers_are_the_usable_cores(monkeypatch):
 
     monkeypatch.setattr(sandbox, "_Game", counting)
     code = "import time\ndef strategy(board):\n    time.sleep(0.2)\n    return 'Q'\n"
-    sandbox.play_many([(code, dict(seed=i, size=4, **QUICK)) for i in range(8)])
+    sandbox.play_many([(code, i, sandbox.Game(size=4, **QUICK)) for i in range(8)])
     assert max(in_flight) == min(8, len(os.sched_getaffinity(0)))
 
 
@@ -286,7 +292,7 @@ def test_play_many_default_workers_are_the_usable_cores(monkeypatch):
 
 
 def test_no_temp_directory_is_left():
-    sandbox.play_many([("def strategy(board):\n    return 1 / 0\n", dict(seed=i, **QUICK)) for i in range(4)])
+    sandbox.play_many([("def strategy(board):\n    return 1 / 0\n", i, sandbox.Game(**QUICK)) for i in range(4)])
     assert os.listdir(sandbox._server.root) == []
 
 
@@ -370,7 +376,7 @@ def test_an_outer_wrapper_jails_the_server(monkeypatch, wrap):
 def test_spares_are_idle_and_bounded():
     # The server keeps referees forked ahead (each with its child set up), so a game starts at once.
     code = "def strategy(board):\n    return 'Q'\n"
-    sandbox.play_many([(code, dict(seed=i, **QUICK)) for i in range(4)], workers=3)
+    sandbox.play_many([(code, i, sandbox.Game(**QUICK)) for i in range(4)], workers=3)
     server, spares = sandbox._idle_pids()
     assert 1 <= len(spares) <= 3
     for pid in spares:
@@ -389,7 +395,7 @@ def test_a_trainer_with_many_open_files(tmp_path):
     fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(1200)]
     try:
         results = sandbox.play_many(
-            [("def strategy(board):\n    return 'Q'\n", dict(seed=i, **QUICK)) for i in range(3)]
+            [("def strategy(board):\n    return 'Q'\n", i, sandbox.Game(**QUICK)) for i in range(3)]
         )
         assert [r.status for r in results] == ["invalid"] * 3
     finally:

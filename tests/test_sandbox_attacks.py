@@ -10,8 +10,10 @@ alive, that no file appeared or changed outside the sandbox, that no connection 
 listener, and that no process is left (our children, and any process carrying an attack marker).
 """
 
+import ctypes
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +26,7 @@ import pytest
 
 import game2048
 import sandbox
+import strategies
 
 MARK = "train2048-attack-marker"
 SECRET = "s3cr3t-train2048-fake-token"
@@ -87,18 +90,59 @@ def world(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("TRAIN2048_FAKE_SECRET", SECRET)
     listener = Listener()
-    before = snapshot(tmp_path)
+    before, trainer, ipc = snapshot(tmp_path), trainer_state(), ipc_objects()
+    received = []  # SIGURG is harmless (ignored by default): attacks aim it at us, and we count what arrives
+    previous = signal.signal(signal.SIGURG, lambda signum, frame: received.append(signum))
     w = type("World", (), dict(tmp=tmp_path, home=home, checkpoint=checkpoint, port=listener.port))
-    yield w
-    listener.close()
+    try:
+        yield w
+    finally:
+        time.sleep(0.05)  # a signal sent just before the game ended is delivered by now
+        signal.signal(signal.SIGURG, previous)
+        listener.close()
+    assert received == [], "a strategy signalled the trainer"
     assert listener.accepted == 0, "a strategy reached our localhost listener"
     assert snapshot(tmp_path) == before, "a file appeared, changed or vanished outside the sandbox"
     assert not os.path.exists(f"/tmp/{MARK}"), "a strategy wrote to /tmp"
+    assert trainer_state() == trainer, "a strategy changed the trainer's scheduling, priority or group"
+    assert ipc_objects() == ipc, "an IPC object outlived the game"
     assert leftovers() == []
 
 
 def snapshot(root):
     return {str(p): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+SYSCALLS = {  # the calls the attacks below make through libc's syscall(), by architecture
+    "x86_64": dict(ioprio_set=251, ioprio_get=252, mq_open=240, pidfd_open=434, pidfd_send_signal=424),
+    "aarch64": dict(ioprio_set=30, ioprio_get=31, mq_open=180, pidfd_open=434, pidfd_send_signal=424),
+}.get(platform.machine(), {})
+
+
+def trainer_state():
+    """What an attack on the trainer's scheduling would change: policy, CPUs, nice, I/O priority, group, session."""
+    ioprio = LIBC.syscall(SYSCALLS["ioprio_get"], 1, os.getpid()) if SYSCALLS else None  # 1: IOPRIO_WHO_PROCESS
+    return (
+        os.sched_getscheduler(0), os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0), ioprio,
+        os.getpgid(0), os.getsid(0),
+    )  # fmt: skip
+
+
+def ipc_objects():
+    """SysV shared memory segments, message queues and semaphores, and POSIX message queues, on this machine."""
+    found = []
+    for kind in ("shm", "msg", "sem"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                found += [(kind, line.split()[1]) for line in f.read().splitlines()[1:] if line.strip()]
+        except OSError:
+            pass
+    try:
+        found += [("mqueue", name) for name in os.listdir("/dev/mqueue")]
+    except OSError:
+        pass
+    return sorted(found)
 
 
 def leftovers() -> list:
@@ -196,12 +240,17 @@ def test_signal_module_is_not_importable(world):
 
 
 def test_signal_tampering_does_not_stop_the_kill(world):
+    # Installing handlers and timers is refused (seccomp); blocking signals is not, and changes nothing either.
     code = strategy("""
         import signal, time
-        for s in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGXCPU, signal.SIGVTALRM):
-            signal.signal(s, signal.SIG_IGN)
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP})
+        for tamper in [lambda: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGXCPU)] + [
+            lambda: signal.setitimer(signal.ITIMER_REAL, 0),
+            lambda: signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP}),
+        ]:
+            try:
+                tamper()
+            except OSError:
+                pass
         while True:
             try:
                 time.sleep(100)
@@ -212,7 +261,14 @@ def test_signal_tampering_does_not_stop_the_kill(world):
 
 
 def test_long_c_call_with_timers_disabled(world):
-    code = strategy("import signal\nsignal.setitimer(signal.ITIMER_REAL, 0)\nreturn str(sum(range(10**12)))")
+    code = strategy("""
+        import signal
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        except OSError:
+            pass
+        return str(sum(range(10**12)))
+    """)
     attack(code, "timeout", unrestricted=True)
 
 
@@ -263,17 +319,21 @@ def test_execv_is_refused(world):
     assert r.error.startswith("PermissionError")
 
 
-def test_thread_bomb(world):
+def test_threads_are_refused(world):
+    # clone() is not on the allowlist: no thread bomb, and no thread that could outlive the game.
     code = strategy("""
         import threading, time
         while True:
             threading.Thread(target=time.sleep, args=(100,), daemon=True).start()
     """)
-    attack(code, ("error", "timeout"), unrestricted=True)
+    r = attack(code, "error", unrestricted=True)
+    assert "can't start new thread" in r.error
 
 
-def test_daemon_thread_that_would_outlive_the_game(world):
-    # The thread tries to write a file once the game is over; the whole process is killed first.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_daemon_thread_that_would_outlive_the_game(world, os_layers_off):
+    # Without seccomp a thread starts; it tries to write a file once the game is over. The whole process
+    # (its threads included) is killed first.
     late = world.tmp / "late-write"
     code = strategy(
         f"""
@@ -352,7 +412,7 @@ def test_python_recursion_is_an_error(world):
 
 def test_exit_builtin_is_absent(world):
     r = attack(strategy("exit(0)"), "error")
-    assert r.error.startswith("NameError")
+    assert r.error == "SandboxViolation: builtin 'exit' is not allowed in the sandbox"
 
 
 def test_raise_system_exit_is_a_crash(world):
@@ -379,7 +439,9 @@ def test_keyboard_interrupt_at_load_is_a_crash(world):
 
 def test_open_is_not_a_builtin(world):
     r = attack(strategy(f"open({str(world.home / 'x')!r}, 'w')\nreturn 'W'"), "error")
-    assert r.error.startswith("NameError")
+    assert r.error == "SandboxViolation: builtin 'open' is not allowed in the sandbox"
+    r = attack(strategy(f"o = dir.__self__.open\no({str(world.home / 'x')!r}, 'w')\nreturn 'W'"), "error")
+    assert r.error == "SandboxViolation: attribute '__self__' is not allowed in the sandbox"
 
 
 def test_file_writes_are_refused(world):
@@ -438,10 +500,17 @@ def test_file_reads_are_refused(world):
     assert r.error == f"ValueError: refused {len(paths)} []"
 
 
-def test_environment_is_empty(world):
-    code = strategy("import os\nraise ValueError(repr(dict(os.environ)) + ' ' + os.getcwd())")
+def test_environment_is_empty_and_the_directory_unknown(world):
+    code = strategy("""
+        import os
+        try:
+            where = os.getcwd()
+        except PermissionError:
+            where = "refused"
+        raise ValueError(repr(dict(os.environ)) + " " + where)
+    """)
     r = attack(code, "error", unrestricted=True)
-    assert r.error.startswith(f"ValueError: {{}} {sandbox._server.root}/")
+    assert r.error == "ValueError: {} refused"
 
 
 def test_socket_import_is_refused(world):
@@ -451,7 +520,8 @@ def test_socket_import_is_refused(world):
 def test_sockets_are_refused(world):
     code = strategy(f"""
         import socket
-        socket.create_connection(("127.0.0.1", {world.port}), timeout=0.2)
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.connect(("127.0.0.1", {world.port}))
         return "W"
     """)
     r = attack(code, "error", unrestricted=True)
@@ -478,10 +548,257 @@ def test_huge_stdout_goes_nowhere(world, capfd):
     assert len(out) + len(err) < 10_000
 
 
-def test_fd_exhaustion(world):
+def test_new_descriptors_are_refused(world):
+    code = strategy("import os\nwhile True:\n    os.pipe()")
+    r = attack(code, "error", unrestricted=True)
+    assert r.error.startswith("PermissionError")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_fd_limit_alone(world, os_layers_off):
     code = strategy("import os\nwhile True:\n    os.pipe()")
     r = attack(code, "error", unrestricted=True)
     assert "Too many open files" in r.error
+
+
+# --- code that is already out of Python: only the OS walls stand (issue: the Python layer is not a wall) ------
+
+
+@pytest.fixture(params=["all layers", "seccomp alone"])
+def walls(request):
+    """The default server, then one whose children keep our user (root here, where tests run as root): each
+    attack below must fail in both, so seccomp holds on its own."""
+    if request.param == "seccomp alone":
+        sandbox.shutdown()
+        sandbox.start(_keep_root=True)
+    yield request.param
+    if request.param == "seccomp alone":
+        sandbox.shutdown()
+        sandbox.start()
+
+
+def refused_count(attempts: str) -> str:
+    """Code that runs each attempt of a list of lambdas and raises with how many were refused with EPERM."""
+    return f"""
+        import os
+        refused, done = 0, []
+        for i, attempt in enumerate({attempts}):
+            try:
+                attempt()
+                done.append(i)
+            except PermissionError:
+                refused += 1
+            except OSError as e:
+                done.append((i, e.errno))
+        raise PermissionError(f"refused {{refused}}, not refused {{done}}")
+    """
+
+
+def test_signals_reach_no_one(world, walls):
+    # Every way to send a signal, aimed at the referee, the trainer, its group and session, the server, a
+    # bystander and everyone. SIGURG is harmless; the world fixture counts any that reaches the trainer.
+    canary = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    server = sandbox._server.pid
+    me, group = os.getpid(), os.getpgid(0)
+    try:
+        calls = SYSCALLS
+        code = strategy(
+            refused_count(f"""[lambda pid=pid: os.kill(pid, signal.SIGURG)
+                  for pid in (os.getppid(), {me}, {server}, {canary.pid}, 0, -{group}, -{server})] + [
+                lambda: os.killpg({group}, signal.SIGURG),
+                lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGURG),
+                lambda: os.kill(os.getpid(), signal.SIGKILL),
+                lambda: LIBC.syscall({calls["pidfd_open"]}, {me}, 0) < 0 and raise_errno(),
+                lambda: signal.sigqueue({me}, signal.SIGURG, 1) if hasattr(signal, "sigqueue") else raise_eperm(),
+            ]"""),
+            prelude="""
+            import ctypes, os, signal, threading
+            LIBC = ctypes.CDLL(None, use_errno=True)
+            def raise_errno():
+                raise OSError(ctypes.get_errno(), "")
+            def raise_eperm():
+                raise PermissionError
+            """,
+        )
+        r = attack(code, "error", unrestricted=True)
+        assert r.error == "PermissionError: refused 12, not refused []"
+        assert canary.poll() is None
+    finally:
+        canary.kill()
+        canary.wait()
+
+
+def test_fcntl_signal_delivery_is_refused(world, walls):
+    # F_SETOWN + F_SETSIG + O_ASYNC on its own pipe would make the kernel signal the trainer's group on its behalf.
+    group = os.getpgid(0)
+    code = strategy(
+        refused_count(f"""[
+            lambda: fcntl.fcntl(4, fcntl.F_SETOWN, -{group}),
+            lambda: fcntl.fcntl(3, fcntl.F_SETOWN, {os.getpid()}),
+            lambda: fcntl.fcntl(4, 10, signal.SIGURG),  # F_SETSIG
+            lambda: fcntl.fcntl(4, fcntl.F_SETFL, os.O_ASYNC | os.O_NONBLOCK),
+            lambda: fcntl.fcntl(4, fcntl.F_GETFL),
+        ]"""),
+        prelude="import fcntl, os, signal\n",
+    )
+    r = attack(code, "error", unrestricted=True)
+    assert r.error == "PermissionError: refused 5, not refused []"
+
+
+def test_scheduling_and_priorities_of_others_are_refused(world, walls):
+    me = os.getpid()
+    code = strategy(
+        refused_count(f"""[
+            lambda: os.sched_setaffinity({me}, {{0}}),
+            lambda: os.sched_setscheduler({me}, os.SCHED_IDLE, os.sched_param(0)),
+            lambda: os.setpriority(os.PRIO_PROCESS, {me}, 19),
+            lambda: os.setpriority(os.PRIO_PGRP, 0, 19),
+            lambda: LIBC.syscall({SYSCALLS.get("ioprio_set", -1)}, 1, {me}, 3 << 13) < 0 and raise_errno(),
+            lambda: os.sched_setaffinity(0, {{0}}),
+        ]"""),
+        prelude="""
+        import ctypes, os
+        LIBC = ctypes.CDLL(None, use_errno=True)
+        def raise_errno():
+            raise OSError(ctypes.get_errno(), "")
+        """,
+    )
+    r = attack(code, "error", unrestricted=True)
+    assert r.error == "PermissionError: refused 6, not refused []"  # the world fixture: the trainer is unchanged
+
+
+def test_ipc_objects_are_refused(world, walls):
+    # SysV shared memory, queues and semaphores, and POSIX queues, outlive a process: a channel between games.
+    code = strategy(
+        refused_count(f"""[
+            lambda: LIBC.shmget(0, 768 << 20, 0o1600) < 0 and raise_errno(),
+            lambda: LIBC.msgget(0, 0o1600) < 0 and raise_errno(),
+            lambda: LIBC.semget(0, 1, 0o1600) < 0 and raise_errno(),
+            lambda: LIBC.syscall({SYSCALLS.get("mq_open", -1)}, b"train2048-{MARK}", os.O_CREAT | os.O_RDWR, 0o600, None)
+                < 0 and raise_errno(),
+            lambda: os.memfd_create("x"),
+            lambda: os.eventfd(0),
+        ]"""),
+        prelude="""
+        import ctypes, os
+        LIBC = ctypes.CDLL(None, use_errno=True)
+        def raise_errno():
+            raise OSError(ctypes.get_errno(), "")
+        """,
+    )
+    r = attack(code, "error", unrestricted=True)
+    assert r.error == "PermissionError: refused 6, not refused []"
+
+
+def test_proc_walks_are_refused(world, walls):
+    # Walking /proc finds the other games' children (their cwd is the sandbox's temp root) and the trainer.
+    me = os.getpid()
+    code = strategy(
+        refused_count(f"""[
+            lambda: os.listdir("/proc"),
+            lambda: os.readlink("/proc/{me}/cwd"),
+            lambda: os.readlink("/proc/self/cwd"),
+            lambda: os.stat("/proc/{me}"),
+            lambda: os.access("/proc/{me}/environ", os.R_OK) or raise_eperm(),
+            lambda: open("/proc/self/maps").read(),
+            lambda: os.scandir("/tmp"),
+        ]"""),
+        prelude="""
+        import os
+        def raise_eperm():
+            raise PermissionError
+        """,
+    )
+    r = attack(code, "error", unrestricted=True)
+    assert r.error == "PermissionError: refused 7, not refused []"
+
+
+def test_an_escaped_strategy_cannot_stop_its_neighbours(world):
+    # Under GRPO, hurting the other answers of your group raises your own advantage. The attacker tries to stop
+    # every process near its own pid (the trainer's own pids excluded, so a broken wall fails this test rather
+    # than hanging it); the honest games of the batch must come out exactly as when played alone.
+    spare = {os.getpid(), os.getppid()}
+    attacker = strategy(f"""
+        import os, signal, time
+        me = os.getpid()
+        for pid in range(max(2, me - 300), me + 300):
+            if pid not in {spare!r} and pid != me:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+        time.sleep(0.05)
+        return "W"
+    """)
+    honest = strategies.source("greedy")
+    jobs = [(attacker, 1, sandbox.Game(size=4, target=128, **LIMITS))] * 2
+    jobs += [(honest, seed, sandbox.Game(size=4, target=128, **LIMITS)) for seed in range(6)]
+    mixed = sandbox.play_many(jobs, workers=4, _unrestricted=True)
+    alone = [sandbox.play(honest, seed=seed, size=4, target=128, **LIMITS) for seed in range(6)]
+    assert [(r.status, r.moves, r.score) for r in mixed[2:]] == [(r.status, r.moves, r.score) for r in alone]
+    assert all(r.status == "success" for r in alone)
+    assert leftovers() == []
+
+
+def test_the_server_and_each_child_have_sessions_of_their_own():
+    sandbox.play("def strategy(board):\n    return 'X'\n", seed=0)  # spares exist now
+    server, spares = sandbox._idle_pids()
+    assert os.getsid(server) == server != os.getsid(0) and os.getpgid(server) == server
+    children = [c for pid in spares for c in psutil.Process(pid).children()]
+    assert children
+    for child in children:
+        assert os.getsid(child.pid) == child.pid and os.getpgid(child.pid) == child.pid
+
+
+# --- as root, children become a user of their own: that wall alone -----------------------------------------
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="children change user only when the trainer is root")
+
+
+@pytest.fixture
+def uid_wall_alone():
+    """A server without seccomp whose children still leave root."""
+    sandbox.shutdown()
+    with pytest.warns(RuntimeWarning, match="seccomp is unavailable"):
+        sandbox._warned_no_seccomp = False
+        sandbox.start(_disable_seccomp=True)
+        sandbox.play("def strategy(board):\n    return 'X'\n", seed=0)
+    yield
+    sandbox.shutdown()
+    sandbox.start()
+
+
+@root_only
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_children_of_a_root_trainer_run_as_an_unprivileged_user_of_their_own(world, uid_wall_alone):
+    code = strategy("import os\nraise ValueError(f'{os.getresuid()} {os.getresgid()} {os.getgroups()}')")
+    ids = {attack(code, "error", unrestricted=True).error for _ in range(3)}
+    for error in ids:
+        uid = int(error.split("(")[1].split(",")[0])
+        assert uid >= 0x7FF00000 or uid == 65534, error
+        assert error == f"ValueError: ({uid}, {uid}, {uid}) ({uid}, {uid}, {uid}) []"
+    assert len(ids) > 1  # one user per child
+
+
+@root_only
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_another_user_alone_keeps_the_trainer_and_its_files_out_of_reach(world, uid_wall_alone):
+    me, server = os.getpid(), sandbox._server.pid
+    code = strategy(
+        refused_count(f"""[
+            lambda: os.kill({me}, signal.SIGURG),
+            lambda: os.kill({server}, signal.SIGURG),
+            lambda: os.sched_setaffinity({me}, {{0}}),
+            lambda: os.setpriority(os.PRIO_PROCESS, {me}, 19),
+            lambda: open("/proc/{me}/environ").read(),
+            lambda: os.readlink("/proc/{me}/cwd"),
+            lambda: open({str(world.home / ".netrc")!r}).read(),
+            lambda: open({str(world.checkpoint / "adapter_model.safetensors")!r}, "wb"),
+        ]"""),
+        prelude="import os, signal\n",
+    )
+    r = attack(code, "error", unrestricted=True)
+    assert r.error == "PermissionError: refused 8, not refused []"
 
 
 # --- hostile return values and forged replies ----------------------------------------------------------
@@ -659,15 +976,17 @@ def test_random_seed_rigging_does_not_touch_the_spawns(world):
     assert (r.moves, r.score, r.max_tile) == (honest.moves, honest.score(), honest.max_tile())
 
 
-# --- without seccomp: the process-tree clean-up alone ----------------------------------------------------
+# --- without seccomp and as our own user: the process-tree clean-up and the rlimits alone -----------------
 
 
 @pytest.fixture
-def no_seccomp():
+def os_layers_off():
+    """A server whose children keep our user and get no seccomp filter: what stands is the process tree
+    (sessions, subreapers, group kills, the marker sweep), the rlimits and the deadlines."""
     sandbox.shutdown()
     with pytest.warns(RuntimeWarning, match="seccomp is unavailable"):
         sandbox._warned_no_seccomp = False
-        sandbox.start(_disable_seccomp=True)
+        sandbox.start(_disable_seccomp=True, _keep_root=True)
         sandbox.play("def strategy(board):\n    return 'X'\n", seed=0)
     yield
     sandbox.shutdown()
@@ -675,7 +994,7 @@ def no_seccomp():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_orphaned_setsid_grandchildren_are_killed(world, no_seccomp):
+def test_orphaned_setsid_grandchildren_are_killed(world, os_layers_off):
     code = strategy(f"""
         import os, time
         for _ in range(5):
@@ -693,7 +1012,7 @@ def test_orphaned_setsid_grandchildren_are_killed(world, no_seccomp):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_file_size_limit_alone(world, no_seccomp):
+def test_file_size_limit_alone(world, os_layers_off):
     # Without seccomp a file can be opened (in the sandbox's own temp dir, removed afterwards), but
     # RLIMIT_FSIZE 0 lets not one byte into it.
     code = strategy("f = open('big', 'wb', buffering=0)\nf.write(b'x' * 4096)\nreturn 'W'")
@@ -702,7 +1021,7 @@ def test_file_size_limit_alone(world, no_seccomp):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_bounded_fork_storm_is_killed_on_time(world, no_seccomp):
+def test_bounded_fork_storm_is_killed_on_time(world, os_layers_off):
     code = strategy("""
         import os, signal, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -718,7 +1037,7 @@ def test_bounded_fork_storm_is_killed_on_time(world, no_seccomp):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_killing_the_referee_is_a_crash_and_leaves_nothing(world, no_seccomp):
+def test_killing_the_referee_is_a_crash_and_leaves_nothing(world, os_layers_off):
     code = strategy(f"""
         import os, time
         if os.fork() == 0:
@@ -734,7 +1053,7 @@ def test_killing_the_referee_is_a_crash_and_leaves_nothing(world, no_seccomp):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_killing_the_server_restarts_it_and_leaves_nothing(world, no_seccomp):
+def test_killing_the_server_restarts_it_and_leaves_nothing(world, os_layers_off):
     old = sandbox._server.pid
     code = strategy("""
         import os, time

@@ -35,9 +35,9 @@ def test_flags_override_yaml_and_both_spellings_work(tmp_path):
 
 
 def test_game_options_become_reward_settings():
-    argv = ("--config", DEMO, "--size", "5", "--target", "512", "--keys", "ZQSD", "--game_seed", "7", "--seed", "3")
+    argv = ("--config", DEMO, "--size", "5", "--target", "512", "--keys", "ZQSD", "--game_salt", "x7", "--seed", "3")
     *_, settings = parse(*argv)
-    assert (settings.size, settings.target, settings.keys, settings.game_seed) == (5, 512, "ZQSD", 7)
+    assert (settings.size, settings.target, settings.keys, settings.game_salt) == (5, 512, "ZQSD", "x7")
     assert settings.profile == "graded" and settings.games == 2
 
 

@@ -14,6 +14,7 @@ DEMO = str(REPO / "configs" / "cpu-demo.yaml")
 # Short runs: 4 steps, a checkpoint every 2, a warm start just long enough for scores to differ.
 SHORT = ["--config", DEMO, "--max_steps", "4", "--save_steps", "2", "--sample_steps", "2", "--eval_steps", "0"]
 SHORT += ["--sft_epochs", "20", "--max_completion_length", "32"]
+SALT = ["--game_salt", "tests"]  # the same training games in every run, so runs can be compared
 EVAL = ["--eval_steps", "2", "--eval_samples", "2", "--eval_games", "2"]  # the reference run evaluates; others not
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
 
@@ -44,7 +45,7 @@ def tensorboard(out: Path):
 def full_run(tmp_path_factory):
     """4 uninterrupted steps, evaluated every 2, saved as LoRA and merged_16bit: the reference for everything below."""
     out = tmp_path_factory.mktemp("full") / "out"
-    result = train(*SHORT, *EVAL, "--output_dir", str(out), "--save_method", "merged_16bit")
+    result = train(*SHORT, *SALT, *EVAL, "--output_dir", str(out), "--save_method", "merged_16bit")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out, result
 
@@ -127,7 +128,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(full_run, tmp_pa
     reference, _ = full_run
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "train_2048.py"), *SHORT, "--output_dir", str(out)],
+        [sys.executable, str(REPO / "train_2048.py"), *SHORT, *SALT, "--output_dir", str(out)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
     )  # fmt: skip
     for line in proc.stdout:
@@ -140,7 +141,9 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(full_run, tmp_pa
     assert stopped < 4 and (out / f"checkpoint-{stopped}" / "trainer_state.json").exists()
     assert "stopped by Ctrl-C" in (out / "training.log").read_text() and not (out / "final").exists()
 
-    result = train(*SHORT, "--output_dir", str(out), "--resume", "auto")
+    saved = json.loads((out / f"checkpoint-{stopped}" / "trainer_state.json").read_text())["stateful_callbacks"]
+    assert saved["GameSalt"]["args"]["salt"] == "tests"
+    result = train(*SHORT, "--output_dir", str(out), "--resume", "auto")  # no salt given: the checkpoint's is used
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert f"resuming from {out / f'checkpoint-{stopped}'}" in result.stdout
     assert "warm start" not in result.stdout  # the checkpoint already holds it
