@@ -2,37 +2,34 @@
 
     python evaluate_2048.py                                   # the four baselines, 50 games each
     python evaluate_2048.py --adapter outputs/final --base    # the trained model, its base, the baselines
+    python evaluate_2048.py --config configs/cpu-demo.yaml --adapter outputs/cpu-demo/final   # the run's own board
     python evaluate_2048.py --strategy mine.py --no-baselines --games 200
     python evaluate_2048.py --watch expectimax --speed 30     # one game, drawn in the terminal
 
 A model writes S strategies from the training prompt; every strategy (a model's samples, each file, each
 baseline) plays the same M seeded games in the sandbox, and each is judged like the rewards judge an
-answer: a model's sample or a file is played only when it is one clean `def strategy(board)`. The table
-goes to the terminal; every game goes to results.json; max-tile distributions to max_tiles.png.
-Everything except the baselines in `--watch` runs in the sandbox: model output and files are untrusted.
+answer: a model's sample or a file is played only when it is one clean `def strategy(board)`. The game
+options are rewards.RewardSettings, parsed as train_2048.py parses them (`--config` takes a training preset's
+game keys and ignores the rest). The table goes to the terminal; every game to results.json; max-tile
+distributions to max_tiles.png. Everything except the baselines in `--watch` runs in the sandbox.
+The work is done by evaluation.py; this file reads the options and reports.
 """
 
 from __future__ import annotations
 
-import argparse
-import ast
 import dataclasses
 import json
-import os
 import random
-import statistics
 import sys
 import time
-from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import evaluation
 import game2048
 import rewards
 import sandbox
 import strategies
-
-NOT_PLAYED = "not_played"  # the status of a game slot whose strategy was not played (invalid or cheating)
-ERROR_STATUSES = ("error", "invalid", "crash")
 
 
 def die(message: str) -> None:
@@ -41,69 +38,64 @@ def die(message: str) -> None:
     sys.exit(2)
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
+
+
 # --- configuration ------------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="evaluate_2048.py",
-        description="Play strategies (a model's samples, files, baselines) on the same seeded 2048 games.",
-    )
-    src = p.add_argument_group("what to evaluate")
-    src.add_argument("--adapter", metavar="DIR", help="LoRA adapter directory (outputs/final, a checkpoint-N)")
-    src.add_argument(
-        "--model", metavar="PATH", help="full model directory, or the adapter's base model instead of its own"
-    )
-    src.add_argument("--base", action="store_true", help="with --adapter: also evaluate the base model without it")
-    src.add_argument(
-        "--strategy", metavar="FILE", action="append", default=[], help="a .py file defining strategy (repeatable)"
-    )
-    src.add_argument(
-        "--baselines", dest="baselines", action="store_true", default=True, help="the four baselines (default)"
-    )
-    src.add_argument("--no-baselines", dest="baselines", action="store_false", help="leave the baselines out")
-    src.add_argument("--watch", metavar="SOURCE", help="play one game in the terminal: a baseline, a file, or 'model'")
-    src.add_argument("--speed", type=float, default=20.0, help="--watch: moves per second, 0 = as fast as possible")
+@dataclass
+class EvalArguments:
+    """What to evaluate and how to sample a model (the games are rewards.RewardSettings)."""
 
-    gen = p.add_argument_group("sampling (a model)")
-    gen.add_argument("--samples", type=int, default=16, help="strategies sampled from each model")
-    gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy decoding")
-    gen.add_argument("--max_new_tokens", "--max-new-tokens", type=int, default=512)
-    gen.add_argument("--batch_size", "--batch-size", type=int, default=8, help="samples generated at once")
-    gen.add_argument("--reasoning_effort", "--reasoning-effort", default="low", help="chat template kwarg (gpt-oss)")
+    _argument_group_name = "evaluate_2048"
 
-    game = p.add_argument_group("games")
-    game.add_argument("--games", type=int, default=50, help="games per strategy, seeds seed..seed+games-1")
-    game.add_argument("--seed", type=int, default=0, help="first game seed; also the sampling seed")
-    game.add_argument("--size", type=int, default=5)
-    game.add_argument("--target", type=int, default=2048)
-    game.add_argument("--probability_fours", "--probability-fours", type=float, default=0.10)
-    game.add_argument("--keys", default="WASD", help="the key alphabet: up, left, down, right")
-    game.add_argument("--move_time_limit", "--move-time-limit", type=float, default=1.0, help="seconds")
-    game.add_argument("--game_time_limit", "--game-time-limit", type=float, default=60.0, help="seconds (training: 10)")
-    p.add_argument("--output_dir", "--output-dir", default="outputs/eval", help="results.json and max_tiles.png")
-    return p.parse_args(argv)
+    adapter: str | None = field(
+        default=None, metadata={"help": "LoRA adapter directory (outputs/final, a checkpoint-N)"}
+    )
+    model: str | None = field(
+        default=None, metadata={"help": "full model directory, or the adapter's base model instead of its own"}
+    )
+    base: bool = field(default=False, metadata={"help": "with --adapter: also evaluate the base model without it"})
+    strategy: list[str] = field(
+        default_factory=list, metadata={"help": "a .py file defining strategy (repeatable)", "action": "extend"}
+    )
+    baselines: bool = field(default=True, metadata={"help": "the four baselines beside the rest (--no-baselines)"})
+    watch: str | None = field(
+        default=None, metadata={"help": "play one game in the terminal: a baseline, a file, or 'model'"}
+    )
+    speed: float = field(default=20.0, metadata={"help": "--watch: moves per second, 0 = as fast as possible"})
+    samples: int = field(default=16, metadata={"help": "strategies sampled from each model"})
+    temperature: float = field(default=1.0, metadata={"help": "0 = greedy decoding"})
+    max_new_tokens: int = field(default=512, metadata={"help": "tokens per sampled answer"})
+    batch_size: int = field(default=8, metadata={"help": "samples generated at once"})
+    reasoning_effort: str = field(default="low", metadata={"help": "chat template argument (gpt-oss)"})
+    seed: int = field(default=0, metadata={"help": "first game seed (games use seed..seed+games-1); the sampling seed"})
+    output_dir: str = field(default="outputs/eval", metadata={"help": "where results.json and max_tiles.png go"})
 
 
-def check_args(args: argparse.Namespace) -> rewards.RewardSettings:
-    """Every check that needs nothing loaded, so a mistake costs a second, not a model load."""
-    for name in ("samples", "games", "max_new_tokens", "batch_size"):
+def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSettings]:
+    """The options, checked with nothing loaded, so a mistake costs a second, not a model load."""
+    from trl import TrlParser
+
+    parser = TrlParser((EvalArguments, rewards.RewardSettings), prog="evaluate_2048.py", allow_abbrev=False)
+    # Evaluation plays more games per strategy, with time to spare: a loaded machine must not turn slow but good
+    # play into timeouts. Flags and a --config file still override these.
+    parser.set_defaults(games=50, game_time_limit=60.0)
+    try:
+        args, settings, config_keys, unknown = parser.parse_args_and_config(
+            argv, return_remaining_strings=True, separate_remaining_strings=True
+        )
+    except ValueError as exc:  # a value RewardSettings rejects (--size 1, --keys WWSD, ...)
+        die(" ".join(str(exc).split()))
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")  # a training key in --config is fine; a flag not
+    for name in ("samples", "max_new_tokens", "batch_size"):
         if getattr(args, name) < 1:
             die(f"--{name} must be >= 1")
     if args.temperature < 0 or args.speed < 0:
         die("--temperature and --speed must be >= 0")
-    try:
-        game2048.GameBoard(size=args.size, target=args.target, probability_fours=args.probability_fours, keys=args.keys)
-        settings = rewards.RewardSettings(
-            size=args.size,
-            target=args.target,
-            probability_fours=args.probability_fours,
-            keys=args.keys,
-            move_time_limit=args.move_time_limit,
-            game_time_limit=args.game_time_limit,
-        )
-    except ValueError as exc:
-        die(str(exc))
     if args.adapter is not None and not (Path(args.adapter) / "adapter_config.json").is_file():
         die(f"--adapter {args.adapter}: no adapter_config.json there (not a LoRA adapter directory)")
     if args.model is not None:
@@ -117,64 +109,20 @@ def check_args(args: argparse.Namespace) -> rewards.RewardSettings:
             die("--watch model needs --adapter or --model")
     elif not (args.baselines or args.strategy or args.adapter or args.model):
         die("nothing to evaluate: give --adapter, --model, --strategy or --baselines")
-    return settings
+    return args, settings
 
 
-# --- sources: who plays -------------------------------------------------------------------------------------
+# --- sources ------------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Sample:
-    """One strategy of a source, judged statically like the rewards judge an answer."""
-
-    code: str | None
-    analysis: rewards.Analysis
-    completion: str | None = None  # a model's raw decoded output
-
-    @property
-    def why_not_played(self) -> str | None:
-        return self.analysis.why_not_played
-
-
-@dataclasses.dataclass
-class Source:
-    name: str
-    kind: str  # baseline | file | model
-    samples: list[Sample]
-
-
-def baseline_source(name: str) -> Source:
-    code = strategies.source(name)
-    return Source(name, "baseline", [Sample(code, rewards.analyse_code(code))])
-
-
-def file_source(path: str) -> Source:
-    """A strategy file, read and parsed but never imported: it is as untrusted as a model's answer."""
+def file_source(path: str) -> evaluation.Source:
     try:
-        code = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        die(f"--strategy {path}: cannot read it ({exc.__class__.__name__}: {getattr(exc, 'strerror', None) or exc})")
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError) as exc:
-        die(f"--strategy {path}: does not parse ({getattr(exc, 'msg', exc)}, line {getattr(exc, 'lineno', '?')})")
-    if not any(isinstance(n, ast.FunctionDef) and n.name == "strategy" for n in tree.body):
-        die(f"--strategy {path}: defines no top-level function `strategy`")
-    return Source(path, "file", [Sample(code, rewards.analyse_code(code))])
+        return evaluation.file_source(path)
+    except ValueError as exc:
+        die(f"--strategy {path}: {exc}")
 
 
-def model_source(name: str, completions: list[str]) -> Source:
-    samples = []
-    for text in completions:
-        analysis = rewards.analyse(text)
-        samples.append(Sample(analysis.code, analysis, completion=text))
-    return Source(name, "model", samples)
-
-
-# --- the model ----------------------------------------------------------------------------------------------
-
-
-def load_model(args: argparse.Namespace):
+def load_model(args: EvalArguments):
     """(model, tokenizer) from local files: a full model, or a base model with the LoRA adapter on top."""
     base = args.model
     if args.adapter is not None and base is None:
@@ -184,170 +132,61 @@ def load_model(args: argparse.Namespace):
             die(f"--adapter {args.adapter}: adapter_config.json names no base model; pass --model")
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import ModelConfig
+
+    import models
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    cuda = torch.cuda.is_available()
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            base, dtype="auto", local_files_only=True, device_map="auto" if cuda else None
+        model, tokenizer = models.load_model(
+            base,
+            ModelConfig(model_name_or_path=base, dtype="auto"),
+            adapter=args.adapter,
+            device_map="auto" if torch.cuda.is_available() else None,
+            local_files_only=True,
         )
-        has_tokenizer = args.adapter is not None and (Path(args.adapter) / "tokenizer_config.json").is_file()
-        tokenizer = AutoTokenizer.from_pretrained(args.adapter if has_tokenizer else base, local_files_only=True)
-        if args.adapter is not None:
-            from peft import PeftModel
-
-            model = PeftModel.from_pretrained(model, args.adapter, local_files_only=True)
     except Exception as exc:  # not a model folder, not in the cache, a broken adapter: all the user's to fix
         die(f"cannot load model {base}{' with adapter ' + args.adapter if args.adapter else ''}: {one_line(exc)}")
     model.eval()
     return model, tokenizer
 
 
-class NoProgress:
-    """rich's Progress where nothing is drawn: sample_completions and play_sources inside another program
-    (train_2048.py's --eval_steps)."""
-
-    def add_task(self, description: str, total: float | None = None) -> None:
-        return None
-
-    def advance(self, task, advance: float = 1) -> None:
-        pass
-
-
-def one_line(exc: BaseException, limit: int = 300) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
-
-
-def sample_completions(model, tokenizer, args, settings, progress, label: str) -> list[str]:
-    """S decoded completions of the training prompt, seeded, `batch_size` at a time.
-
-    Decoded with special tokens skipped, as TRL hands completions to the rewards (gpt-oss's final
-    channel then reads "assistantfinal...", which rewards.extract_function understands).
-    """
-    import torch
-
-    try:
-        inputs = tokenizer.apply_chat_template(
-            [{"role": "user", "content": rewards.build_prompt(settings)}],
-            add_generation_prompt=True,
-            return_tensors="pt",
-            return_dict=True,
-            reasoning_effort=args.reasoning_effort,
-        ).to(model.device)
-    except Exception as exc:  # most often: the tokenizer has no chat template
-        die(f"cannot build the prompt with the tokenizer's chat template: {one_line(exc)}")
-    prompt_length = inputs["input_ids"].shape[1]
-    task = progress.add_task(f"sampling {label}", total=args.samples)
-    torch.manual_seed(args.seed)
-    texts = []
-    sampling = dict(do_sample=True, temperature=args.temperature) if args.temperature > 0 else dict(do_sample=False)
-    with torch.no_grad():
-        while len(texts) < args.samples:
-            if args.temperature == 0 and texts:  # greedy decoding: every sample is the first one
-                texts.append(texts[0])
-                progress.advance(task)
-                continue
-            n = 1 if args.temperature == 0 else min(args.batch_size, args.samples - len(texts))
-            out = model.generate(
-                **inputs,
-                **sampling,
-                num_return_sequences=n,
-                max_new_tokens=args.max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-            )
-            texts += tokenizer.batch_decode(out[:, prompt_length:], skip_special_tokens=True)
-            progress.advance(task, n)
-    return texts
-
-
-def model_sources(args, settings, progress, only_adapter: bool = False) -> list[Source]:
+def model_sources(args, settings, progress, only_adapter: bool = False) -> list[evaluation.Source]:
     """The model's row, or with --base the base model's and the adapter's, sampled with the same seed."""
     model, tokenizer = load_model(args)
+
+    def sample(label: str) -> evaluation.Source:
+        task = progress.add_task(f"sampling {label}", total=args.samples)
+        try:
+            texts = evaluation.sample_completions(
+                model, tokenizer, settings, samples=args.samples, seed=args.seed, temperature=args.temperature,
+                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                chat_kwargs={"reasoning_effort": args.reasoning_effort},
+                on_batch=lambda n: progress.advance(task, n),
+            )  # fmt: skip
+        except (TypeError, ValueError, KeyError) as exc:  # most often: the tokenizer has no chat template
+            die(f"cannot sample from {label}: {one_line(exc)}")
+        return evaluation.model_source(label, texts)
+
     if args.adapter is None:
-        return [model_source("model", sample_completions(model, tokenizer, args, settings, progress, "model"))]
+        return [sample("model")]
     sources = []
     if args.base and not only_adapter:
         with model.disable_adapter():  # the same weights minus the LoRA: no second load
-            base = sample_completions(model, tokenizer, args, settings, progress, "model (base)")
-        sources.append(model_source("model (base)", base))
-    adapted = sample_completions(model, tokenizer, args, settings, progress, "model (adapter)")
-    sources.append(model_source("model (adapter)", adapted))
+            sources.append(sample("model (base)"))
+    sources.append(sample("model (adapter)"))
     return sources
 
 
-# --- playing ------------------------------------------------------------------------------------------------
-
-
-def play_sources(sources: list[Source], seeds: list[int], settings, progress) -> dict[tuple[int, int], list]:
-    """(source index, sample index) -> one result per seed, every playable strategy in the sandbox at once.
-
-    Identical code is played once (a model at low temperature repeats itself). Jobs go to play_many in
-    chunks so the progress bar moves; a chunk is several games per core, so the cores stay busy.
-    """
-    codes = sorted({s.code for src in sources for s in src.samples if s.why_not_played is None})
-    jobs = [(code, seed, settings) for code in codes for seed in seeds]
-    chunk = max(16, 8 * len(os.sched_getaffinity(0)))
-    task = progress.add_task("playing", total=len(jobs))
-    results = []
-    for start in range(0, len(jobs), chunk):
-        results += sandbox.play_many(jobs[start : start + chunk])
-        progress.advance(task, len(jobs[start : start + chunk]))
-    by_code = {code: results[i * len(seeds) : (i + 1) * len(seeds)] for i, code in enumerate(codes)}
-    played = {}
-    for i, src in enumerate(sources):
-        for j, sample in enumerate(src.samples):
-            if sample.why_not_played is None:
-                played[i, j] = by_code[sample.code]
-            else:
-                played[i, j] = [sandbox.GameResult(NOT_PLAYED, error=sample.why_not_played)] * len(seeds)
-    return played
+def play_sources(sources, seeds, settings, progress) -> dict:
+    task = progress.add_task("playing", total=None)
+    return evaluation.play_sources(
+        sources, seeds, settings, on_games=lambda done, total: progress.update(task, completed=done, total=total)
+    )
 
 
 # --- report -------------------------------------------------------------------------------------------------
-
-
-def game_stats(games: list) -> dict:
-    """Win rate, median score and max tile, mean score; a slot not played counts as a game with nothing."""
-    return {
-        "games": len(games),
-        "win_rate": sum(g.status == "success" for g in games) / len(games) if games else 0.0,
-        "median_score": statistics.median(g.score for g in games) if games else 0,
-        "median_max_tile": statistics.median_low(g.max_tile for g in games) if games else 0,  # always a tile
-        "mean_score": statistics.fmean(g.score for g in games) if games else 0.0,
-    }
-
-
-def summarise(source: Source, games_by_sample: list[list]) -> dict:
-    """One source's row: over every (sample, game) pair; a model also gets its best and its median sample."""
-    flat = [g for games in games_by_sample for g in games]
-    played = [g for g in flat if g.status != NOT_PLAYED]
-    n = len(source.samples)
-    summary = {
-        "source": source.name,
-        "kind": source.kind,
-        "samples": n,
-        "valid_rate": sum(s.analysis.parsed and s.analysis.one_function for s in source.samples) / n,
-        "cheat_rate": sum(bool(s.analysis.cheats) for s in source.samples) / n,
-        "played_samples": sum(s.why_not_played is None for s in source.samples),
-        **game_stats(flat),
-        "played_games": len(played),
-        "timeouts": sum(g.status == "timeout" for g in played),
-        "errors": sum(g.status in ERROR_STATUSES for g in played),
-        "statuses": dict(Counter(g.status for g in flat)),
-        "max_tile_counts": {str(k): v for k, v in sorted(Counter(g.max_tile for g in played).items())},
-    }
-    if source.kind == "model":
-        per_sample = [game_stats(games) for games in games_by_sample]
-        candidates = [j for j, s in enumerate(source.samples) if s.why_not_played is None]
-        best = max(candidates, key=lambda j: per_sample[j]["mean_score"], default=None)  # first of equals
-        summary["best_sample"] = None if best is None else {"sample": best, **per_sample[best]}
-        summary["median_sample"] = {
-            k: (statistics.median_low if k == "median_max_tile" else statistics.median)(s[k] for s in per_sample)
-            for k in ("win_rate", "median_score", "median_max_tile", "mean_score")
-        }
-    return summary
 
 
 def render_table(summaries: list[dict], settings, seeds: list[int]):
@@ -436,8 +275,8 @@ def write_results(path: Path, args, settings, seeds, sources, played, summaries)
                     "sample": j,
                     "valid": sample.analysis.parsed and sample.analysis.one_function,
                     "cheats": list(sample.analysis.cheats),
-                    "played": sample.why_not_played is None,
-                    "why_not_played": sample.why_not_played,
+                    "played": sample.analysis.playable,
+                    "why_not_played": sample.analysis.why_not_played,
                     "code": sample.code,
                     "completion": sample.completion,
                 }
@@ -447,7 +286,8 @@ def write_results(path: Path, args, settings, seeds, sources, played, summaries)
                     {"source": src.name, "sample": j, "seed": seed, "status": g.status, "moves": g.moves,
                      "score": g.score, "max_tile": g.max_tile, "seconds": g.seconds, "error": g.error}
                 )  # fmt: skip
-    config = {k: v for k, v in vars(args).items() if k not in ("watch", "speed")}
+    config = {k: v for k, v in {**dataclasses.asdict(args), **settings.rules(), "games": settings.games}.items()
+              if k not in ("watch", "speed")}  # fmt: skip
     report = {"settings": {**config, "seeds": seeds}, "summary": summaries, "samples": samples, "games": games}
     path.write_text(json.dumps(report, indent=1) + "\n")
 
@@ -467,22 +307,22 @@ def watch(args, settings, console, progress) -> int:
         if name == "model":
             with progress:
                 (source,) = model_sources(args, settings, progress, only_adapter=True)
-                seeds = [args.seed + i for i in range(args.games)]
+                seeds = [args.seed + i for i in range(settings.games)]
                 played = play_sources([source], seeds, settings, progress)
-            summary = summarise(source, [played[0, j] for j in range(len(source.samples))])
+            summary = evaluation.summarise(source, [played[0, j] for j in range(len(source.samples))])
             best = summary["best_sample"]
             if best is None:
                 print(f"{source.name}: none of its {len(source.samples)} samples is playable; nothing to watch")
                 return 1
             print(f"{source.name}: best of {len(source.samples)} samples is #{best['sample']} "
-                  f"(mean score {best['mean_score']:.0f} over {args.games} games)")  # fmt: skip
+                  f"(mean score {best['mean_score']:.0f} over {settings.games} games)")  # fmt: skip
             sample = source.samples[best["sample"]]
         else:
             if not Path(name).exists():
                 die(f"--watch {name}: not a baseline ({', '.join(strategies.BASELINES)}), 'model', or a file")
             sample = file_source(name).samples[0]
-            if sample.why_not_played is not None:
-                print(f"{name}: not played: {sample.why_not_played}")
+            if sample.analysis.why_not_played is not None:
+                print(f"{name}: not played: {sample.analysis.why_not_played}")
                 return 1
         result = sandbox.play(sample.code, seed=args.seed, record_keys=True, **settings.rules())
         keys = iter(result.played_keys or "")
@@ -539,8 +379,7 @@ def result_line(name: str, status: str, moves: int, score: int, max_tile: int, e
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    settings = check_args(args)
+    args, settings = parse_args(argv)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -551,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
         console=stderr, transient=True, disable=not stderr.is_terminal,
     )  # fmt: skip
     sandbox.start()  # its server starts before torch exists in this process (no threads, no CUDA to fork)
+    if settings.require_seccomp and not sandbox.walls()["seccomp"]:
+        die(f"the sandbox has no seccomp wall here ({sandbox.walls()['reason']}); install libseccomp, or pass "
+            "--require_seccomp false to play with the other walls only")  # fmt: skip
     try:
         if args.watch is not None:
             return watch(args, settings, console, progress)
@@ -559,21 +401,20 @@ def main(argv: list[str] | None = None) -> int:
             output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             die(f"--output_dir {output_dir}: {exc.strerror or exc}")
-        if not os.access(output_dir, os.W_OK):
-            die(f"--output_dir {output_dir} is not writable")
-
         files = [file_source(path) for path in args.strategy]  # checked before a model takes minutes to load
-        seeds = [args.seed + i for i in range(args.games)]
+        seeds = [args.seed + i for i in range(settings.games)]
         with progress:
             sources = model_sources(args, settings, progress) if args.adapter or args.model else []
-            sources += files + ([baseline_source(name) for name in strategies.BASELINES] if args.baselines else [])
+            sources += files
+            sources += [evaluation.baseline_source(name) for name in strategies.BASELINES] if args.baselines else []
             played = play_sources(sources, seeds, settings, progress)
-        summaries = [summarise(src, [played[i, j] for j in range(len(src.samples))]) for i, src in enumerate(sources)]
-
+        summaries = [
+            evaluation.summarise(src, [played[i, j] for j in range(len(src.samples))]) for i, src in enumerate(sources)
+        ]
         console.print(render_table(summaries, settings, seeds))
         for src in sources:
-            if src.kind == "file" and src.samples[0].why_not_played:
-                plain(console, f"{src.name}: not played: {src.samples[0].why_not_played}")
+            if src.kind == "file" and src.samples[0].analysis.why_not_played:
+                plain(console, f"{src.name}: not played: {src.samples[0].analysis.why_not_played}")
         write_results(output_dir / "results.json", args, settings, seeds, sources, played, summaries)
         plot_max_tiles(summaries, output_dir / "max_tiles.png", settings)
         plain(console, f"wrote {output_dir / 'results.json'} and {output_dir / 'max_tiles.png'}")

@@ -93,8 +93,9 @@ class Game:
     memory_limit_mb: int = dataclasses.field(default=512, metadata={"help": "Address space of a strategy (MiB)."})
 
     def __post_init__(self):
-        game2048.GameBoard(seed=0, size=self.size, target=self.target, probability_fours=self.probability_fours,
-                           keys=self.keys)  # fmt: skip  (raises ValueError on a bad board)
+        game2048.GameBoard(
+            seed=0, size=self.size, target=self.target, probability_fours=self.probability_fours, keys=self.keys
+        )  # fmt: skip  (raises ValueError on a bad board)
         for name in ("move_time_limit", "game_time_limit"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < math.inf):
@@ -156,6 +157,16 @@ def shutdown() -> None:
         _test_switches = {}
         if server is not None:
             server.stop()
+
+
+def walls() -> dict:
+    """The OS walls the children get here, starting the server if needed: {"seccomp": bool, "reason": why not,
+    "drops_root": whether they change to a user of their own (only when this process is root)}. Callers that
+    require seccomp check this once at start, so a missing libseccomp is one clear line, not a failed batch."""
+    with _lock:
+        if _server is None or not _server.alive():
+            _start_locked()
+        return {"seccomp": _server.seccomp, "reason": _server.seccomp_reason, "drops_root": _server.drops_root}
 
 
 def play(

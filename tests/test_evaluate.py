@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import evaluate_2048
+import evaluation
 import rewards
 import sandbox
 import strategies
@@ -139,13 +140,10 @@ def test_a_models_best_and_median_sample(tmp_path):
         f"{fence}python\ndef strategy(board):\n    return 'A'\n{fence}",  # gets stuck: game over, small tiles
         f"analysis...assistantfinal{fence}python\n{GOOD}{fence}",
     ]
-    source = evaluate_2048.model_source("model", completions)
+    source = evaluation.model_source("model", completions)
     settings = rewards.RewardSettings(size=4, target=128, move_time_limit=10, game_time_limit=60)
-    from rich.progress import Progress
-
-    with Progress(disable=True) as progress:
-        played = evaluate_2048.play_sources([source], [0, 1, 2], settings, progress)
-    summary = evaluate_2048.summarise(source, [played[0, j] for j in range(4)])
+    played = evaluation.play_sources([source], [0, 1, 2], settings)
+    summary = evaluation.summarise(source, [played[0, j] for j in range(4)])
     assert (summary["samples"], summary["games"], summary["played_samples"], summary["played_games"]) == (4, 12, 2, 6)
     assert (summary["valid_rate"], summary["cheat_rate"]) == (0.75, 0.25)
     assert summary["best_sample"]["sample"] == 3 and summary["best_sample"]["games"] == 3
@@ -208,7 +206,7 @@ def error_cases(tmp: Path) -> list[tuple[list, str]]:
         (["--watch", "model"], "--watch model needs --adapter or --model"),
         (["--size", "1"], "size must be an integer >= 2"),
         (["--target", "100"], "target must be a power of two"),
-        (["--games", "0"], "--games must be >= 1"),
+        (["--games", "0"], "games must be >= 1"),
         (["--keys", "WWSD"], "keys must be four distinct characters"),
     ]
 

@@ -124,8 +124,18 @@ def test_a_longer_fence_keeps_a_shorter_one_inside():
         "assistantfinal" * 7_000,
         "<|channel|>final<|message|>" * 4_000 + "<|end|>" * 4_000,
     ],
-    ids=["block-of-newlines", "tabs-after-a-fence", "block-of-blank-lines", "fences", "unclosed", "spaces", "brackets",
-         "long-expression", "channels", "harmony"],  # fmt: skip
+    ids=[
+        "block-of-newlines",
+        "tabs-after-a-fence",
+        "block-of-blank-lines",
+        "fences",
+        "unclosed",
+        "spaces",
+        "brackets",
+        "long-expression",
+        "channels",
+        "harmony",
+    ],  # fmt: skip
 )
 def test_judging_a_pathological_answer_takes_well_under_a_second(text):
     assert len(text) >= 90_000

@@ -134,8 +134,7 @@ def test_ALLOWED_MODULES_is_pure_computation():
     assert isinstance(policy.ALLOWED_MODULES, frozenset)
     assert {"math", "random", "itertools", "functools", "collections", "heapq"} <= policy.ALLOWED_MODULES
     assert (
-        not {"os", "sys", "io", "gc", "inspect", "importlib", "ctypes", "pickle", "subprocess"}
-        & policy.ALLOWED_MODULES
+        not {"os", "sys", "io", "gc", "inspect", "importlib", "ctypes", "pickle", "subprocess"} & policy.ALLOWED_MODULES
     )
 
 

@@ -12,10 +12,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 DEMO = str(REPO / "configs" / "cpu-demo.yaml")
 # Short runs: 4 steps, a checkpoint every 2, a warm start just long enough for scores to differ.
-SHORT = ["--config", DEMO, "--max_steps", "4", "--save_steps", "2", "--sample_steps", "2", "--eval_steps", "0"]
+SHORT = ["--config", DEMO, "--max_steps", "4", "--save_steps", "2", "--sample_steps", "2", "--eval_strategy", "no"]
 SHORT += ["--sft_epochs", "20", "--max_completion_length", "32"]
 SALT = ["--game_salt", "tests"]  # the same training games in every run, so runs can be compared
-EVAL = ["--eval_steps", "2", "--eval_samples", "2", "--eval_games", "2"]  # the reference run evaluates; others not
+EVAL = ["--eval_strategy", "steps", "--eval_steps", "2", "--eval_samples", "2", "--eval_games", "2"]  # the reference
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
 
 
@@ -73,6 +73,10 @@ def test_console_and_log_have_a_short_line_per_step(full_run):
     assert "step 4/4  reward " in log and "warm start: SFT" in log
     assert "{'loss'" not in result.stdout  # the Trainer's metric dump is replaced by the short line
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
+    for m in metrics(out):  # the step split: generation, rewards, optimizer, the rest (log-probs and backward)
+        parts = [m[f"time/{p}_s"] for p in ("generate", "rewards", "optimizer", "logprobs_and_backward")]
+        assert all(t >= 0 for t in parts) and m["time/generate_s"] > 0 and m["time/rewards_s"] > 0
+        assert sum(parts) == pytest.approx(m["time/step_s"], rel=1e-6)
 
 
 def test_tensorboard_has_trl_game_metrics_and_samples(full_run):
@@ -120,8 +124,8 @@ def test_eval_is_evaluate_2048_on_the_checkpoint(full_run, tmp_path):
 def test_saves_reload_and_sample_like_the_trained_model(full_run):
     out, _ = full_run
     log = (out / "training.log").read_text()
-    assert f"verified {out / 'final'}: reloaded" in log
-    assert f"verified {out / 'final-merged_16bit'}: reloaded" in log
+    assert f"verified {out / 'final'}: its " in log and "reloaded it samples the same 4 seeded completions" in log
+    assert f"verified {out / 'final-merged_16bit'}: its " in log and "equal the merged model's, exactly" in log
 
 
 def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(full_run, tmp_path):
