@@ -488,3 +488,28 @@ def test_dockerfile_pins_the_images_torch_stack(tmp_path):
     env = os.environ | {"PATH": f"{stubs}:{os.environ['PATH']}"}
     subprocess.run(["bash", "-o", "pipefail", "-c", script], env=env, check=True, capture_output=True, timeout=60)
     assert (tmp_path / "pins.txt").read_text().split() == ["torch==2.10.0a0+nv25.11", "triton==3.5.0"]
+
+
+def make_dry_run(tmp_path: Path, target: str, stamped: bool) -> list[str]:
+    """The commands `make -n TARGET` would run in a copy of the project's Makefile and set-up files."""
+    for name in ("Makefile", "setup.sh", "requirements.txt", "requirements-cpu.txt"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    if stamped:
+        (tmp_path / ".venv").mkdir()
+        (tmp_path / ".venv" / ".setup-done").touch()
+    result = subprocess.run(["make", "-n", target], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+@pytest.mark.parametrize("target, command", [("demo", "train_2048.py --config configs/cpu-demo.yaml"),
+                                             ("test", "-m pytest")])  # fmt: skip
+def test_make_sets_up_on_first_use_then_runs(tmp_path, target, command):
+    first = make_dry_run(tmp_path, target, stamped=False)
+    assert first[0] == "bash setup.sh" and command in first[-1]
+    assert make_dry_run(tmp_path, target, stamped=True)[0] != "bash setup.sh"  # set up: straight to the command
+
+
+def test_ci_runs_make_test():
+    assert (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1] == "make test"
