@@ -1,0 +1,241 @@
+"""The GPU check: train_2048's real command line on a GPT-OSS model with random weights built here (no download).
+
+It builds the model (tiny, or GPT-OSS-20B's geometry with all or some of its 24 layers) with the CPU demo's
+tokenizer, runs `train_2048.py` with a preset for a few steps, and reports: the median steady step time and its
+split (generate / reward scoring / log-probs + backward / optimizer, from the time/* metrics every training log
+carries), peak GPU memory, GPU utilisation (nvidia-smi, sampled twice a second), and the save round trip (the
+verify lines of training.log: LoRA always, merged_16bit or mxfp4 on request).
+
+    python bench/gpu_check.py                                            # tiny model, default preset: a minute
+    python bench/gpu_check.py --geometry 20b --steps 6                   # the 4-bit default at full size
+    python bench/gpu_check.py --geometry 20b --preset gpt-oss-20b-bf16   # BF16 (>= 48 GB)
+    python bench/gpu_check.py --geometry 20b --layers 4 --save_method merged_16bit   # the save, on less disk
+    python bench/gpu_check.py --cpu --steps 2                            # the plumbing, on a CPU (tests use it)
+    python bench/gpu_check.py ... -- --fast_generation true              # anything after -- goes to train_2048.py
+
+Random weights rarely emit EOS, so every completion runs to max_completion_length: the worst case for step time.
+The full 20B geometry takes 42 GB on disk (--workdir; /dev/shm is fastest) and a merged_16bit save 42 GB more.
+Exit status: 0 when the run and every save check passed, 1 otherwise, 2 on bad arguments or without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PARTS = ("generate", "rewards", "logprobs_and_backward", "optimizer")
+
+
+def gpt_oss_config(geometry: str, layers: int | None, vocab_size: int):
+    """GPT-OSS-20B's geometry (24 layers, hidden 2880, 32 experts top-4, vocab 201088), or a tiny one."""
+    from transformers import GptOssConfig
+
+    if geometry == "tiny":
+        n = layers or 2
+        return GptOssConfig(
+            vocab_size=vocab_size, hidden_size=256, intermediate_size=256, num_hidden_layers=n,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=4, num_experts_per_tok=2,
+            layer_types=["sliding_attention", "full_attention"] * (n // 2) + ["sliding_attention"] * (n % 2),
+            sliding_window=128, max_position_embeddings=4096,
+        )  # fmt: skip
+    n = layers or 24
+    return GptOssConfig(
+        vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=n, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"] * (n // 2) + ["sliding_attention"] * (n % 2),
+        max_position_embeddings=131072, rope_theta=150000.0, swiglu_limit=7.0, attention_bias=True,
+        rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                      "original_max_position_embeddings": 4096},
+        router_aux_loss_coef=0.9, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+def build_model(path: Path, geometry: str, layers: int | None, device: str) -> Path:
+    """Random weights in BF16, created on `device` (the 20B geometry needs 84 GB in float32 on the host)."""
+    import torch
+    from transformers import GptOssForCausalLM
+
+    import models
+    import rewards
+
+    if (path / "config.json").exists():
+        return path
+    tokenizer = models.build_tokenizer([rewards.build_prompt(rewards.RewardSettings())])
+    config = gpt_oss_config(geometry, layers, len(tokenizer))
+    config.pad_token_id, config.eos_token_id, config.bos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id, None
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = GptOssForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    print(f"built GPT-OSS ({geometry}, {config.num_hidden_layers} layers): {params / 1e9:.2f} B parameters in {path}")
+    return path
+
+
+class GPUSampler:
+    """nvidia-smi's utilisation and memory, twice a second, in the background."""
+
+    def __init__(self):
+        self.samples: list[tuple[float, float]] = []
+        self.proc = None
+        if shutil.which("nvidia-smi"):
+            query = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"]
+            self.proc = subprocess.Popen([*query, "-lms", "500", "-i", "0"], stdout=subprocess.PIPE, text=True)
+            threading.Thread(target=self.read, daemon=True).start()
+
+    def read(self):
+        for line in self.proc.stdout:
+            try:
+                util, memory = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            self.samples.append((util, memory))
+
+    def stop(self) -> dict:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+        if not self.samples:
+            return {}
+        utils = [u for u, _ in self.samples]
+        return {"gpu_util_median": statistics.median(utils), "gpu_util_mean": statistics.fmean(utils),
+                "gpu_memory_max_mib": max(m for _, m in self.samples)}  # fmt: skip
+
+
+def summarise(out: Path, skip: int) -> dict:
+    """Medians of the steady training steps (the first `skip` are warm-up), and the save checks of training.log."""
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "time/step_s" in m]
+    steady = steps[skip:] or steps
+    result = {"steps": len(steps), "steady_steps": len(steady)}
+    for key in ["time/step_s", *(f"time/{p}_s" for p in PARTS)]:
+        values = [m[key] for m in steady if key in m]
+        result[key] = statistics.median(values) if values else None
+    memory = [m["gpu/peak_memory_gb"] for m in steps if "gpu/peak_memory_gb" in m]
+    result["peak_memory_gb"] = max(memory) if memory else None
+    result["reward_mean"] = statistics.fmean(m["reward"] for m in steps) if steps else None
+    log = (out / "training.log").read_text() if (out / "training.log").exists() else ""
+    result["save_checks"] = [line.split(" ", 3)[-1] for line in log.splitlines() if "verified " in line]
+    result["save_problems"] = [line.split(" ", 3)[-1] for line in log.splitlines()
+                               if " ERROR " in line or ("WARNING" in line and "final" in line)]  # fmt: skip
+    return result
+
+
+def table(result: dict) -> str:
+    def cell(x, fmt="{:.2f}"):
+        return "–" if x is None else fmt.format(x)
+
+    rows = [("whole step (median, s)", cell(result["time/step_s"]))]
+    rows += [(f"  {p.replace('_', ' ')} (s)", cell(result[f"time/{p}_s"])) for p in PARTS]
+    rows += [("peak GPU memory, torch (GB)", cell(result["peak_memory_gb"], "{:.1f}"))]
+    if "gpu_util_median" in result:
+        rows += [
+            ("GPU utilisation, median / mean (%)", f"{result['gpu_util_median']:.0f} / {result['gpu_util_mean']:.0f}")
+        ]
+    rows += [
+        ("steps (steady)", f"{result['steps']} ({result['steady_steps']})"),
+        ("wall (s)", f"{result['wall_s']:.0f}"),
+    ]
+    return "\n".join(["| measure | value |", "|---|---:|", *(f"| {a} | {b} |" for a, b in rows)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--geometry", choices=("tiny", "20b"), default="tiny")
+    parser.add_argument("--layers", type=int, help="decoder layers (default: 2 tiny, 24 for 20b)")
+    parser.add_argument("--preset", default="gpt-oss-20b", help="a configs/*.yaml name")
+    parser.add_argument("--steps", type=int, default=5, help="training steps; the first is warm-up")
+    parser.add_argument("--save_method", choices=("lora", "merged_16bit", "mxfp4"), default="lora")
+    parser.add_argument("--workdir", help="where the model and the run go (default: a temporary folder, removed)")
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--cpu", action="store_true", help="the plumbing only: tiny model, transformers backend")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (the first step is warm-up)")
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU here; --cpu checks the plumbing on a CPU", file=sys.stderr)
+        return 2
+    preset = ROOT / "configs" / f"{args.preset}.yaml"
+    if not preset.exists():
+        parser.error(f"--preset {args.preset}: no {preset}")
+
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    try:
+        model = build_model(work / f"gpt-oss-{args.geometry}-{args.layers or 'all'}", args.geometry, args.layers,
+                            "cpu" if args.cpu else "cuda")  # fmt: skip
+        out = work / "run"
+        shutil.rmtree(out, ignore_errors=True)
+        command = [sys.executable, str(ROOT / "train_2048.py"), "--config", str(preset), "--model_name_or_path",
+                   str(model), "--output_dir", str(out), "--max_steps", str(args.steps), "--save_steps", "100000",
+                   "--logging_steps", "1", "--save_method", args.save_method, "--eval_strategy", "no"]  # fmt: skip
+        if args.cpu:
+            command += ["--use_cpu", "true", "--bf16", "false", "--backend", "transformers", "--load_in_4bit", "false",
+                        "--optim", "adamw_torch", "--max_completion_length", "16", "--offload_embedding", "false",
+                        "--gradient_checkpointing", "false", "--cpu_threads", "1", "--dtype", "float32"]  # fmt: skip
+        command += passthrough
+        print("$ " + " ".join(command), flush=True)
+        sampler = GPUSampler() if not args.cpu else None
+        started = time.monotonic()
+        run = subprocess.run(command, cwd=ROOT, text=True, capture_output=True)
+        wall = time.monotonic() - started
+        gpu = sampler.stop() if sampler else {}
+        if run.returncode != 0 or not (out / "metrics.jsonl").exists():
+            print(run.stdout[-4000:] + run.stderr[-6000:])
+            print(f"gpu_check: train_2048.py failed with exit status {run.returncode}", file=sys.stderr)
+            return 1
+        result = {**summarise(out, skip=1), **gpu, "wall_s": wall, "command": command}
+        result.update(geometry=args.geometry, layers=args.layers, preset=args.preset,
+                      device=torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.cpu else "cpu",
+                      versions=versions())  # fmt: skip
+        print(table(result))
+        for line in result["save_checks"]:
+            print("save:", line)
+        for line in result["save_problems"]:
+            print("save problem:", line)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        return 0 if not result["save_problems"] and result["save_checks"] else 1
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def versions() -> dict:
+    import importlib.metadata as metadata
+
+    found = {}
+    for name in ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "bitsandbytes", "accelerate"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(main())
