@@ -22,6 +22,7 @@ import json
 import random
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,8 @@ import game2048
 import rewards
 import sandbox
 import strategies
+
+warnings.filterwarnings("ignore", category=SyntaxWarning)  # the GPU set's torchao, at import: never ours to act on
 
 
 def die(message: str) -> None:

@@ -3,6 +3,7 @@
 Every player keeps its imports and helpers inside its own body and uses only `random`, `math`,
 `itertools` and `functools`, because `source(name)` ships it as a string into a sandbox that allows
 nothing else. The baselines put the reward in context: on 6x6 even random play reaches 2048.
+`BOARD_BLIND` holds players that never look at the board, the floor an honest reward must keep low.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import inspect
 import re
 import statistics
 import textwrap
+import types
 from collections import Counter
 
 import game2048
@@ -215,6 +217,28 @@ def expectimax_strategy(board):
     return key or "A"
 
 
+def cycle_strategy(board):
+    """Board-blind: up, left, down, right, over and over. Wins 87% of 5x5 games to 2048 without looking.
+
+    Its place in the cycle lives on the function itself, as a model would write it. The body names the
+    function `strategy`, the name `source()` and the sandbox give it, so run it through `load("cycle")`.
+    """
+    n = getattr(strategy, "n", 0)  # noqa: F821 (defined once loaded as `strategy`)
+    strategy.n = n + 1  # noqa: F821
+    return "WASD"[n % 4]
+
+
+def corner_spin_strategy(board):
+    """Board-blind: down, left, down, right, over and over, spinning the tiles in the bottom corners.
+
+    The best of the 90 key cycles of length 1-4 on 4x4 (bench/reward_table.py). Like `cycle_strategy`
+    it keeps its place on the function, so run it through `load("corner_spin")`.
+    """
+    n = getattr(strategy, "n", 0)  # noqa: F821 (defined once loaded as `strategy`)
+    strategy.n = n + 1  # noqa: F821
+    return "SASD"[n % 4]
+
+
 BASELINES = {
     "random": random_strategy,
     "greedy": greedy_strategy,
@@ -222,19 +246,56 @@ BASELINES = {
     "expectimax": expectimax_strategy,
 }
 
+# Players that never read the board: a reward they can earn is one a model gets without learning to play.
+BOARD_BLIND = {
+    "random": random_strategy,
+    "cycle": cycle_strategy,
+    "corner_spin": corner_spin_strategy,
+}
+
 
 def source(name: str) -> str:
-    """The code a sandbox runs for a baseline: its source with the def line renamed to `strategy`."""
-    text = textwrap.dedent(inspect.getsource(BASELINES[name]))
+    """The code a sandbox runs for a baseline or a board-blind player: its source, the def line renamed to `strategy`."""
+    player = BASELINES[name] if name in BASELINES else BOARD_BLIND[name]
+    text = textwrap.dedent(inspect.getsource(player))
     renamed, count = re.subn(r"^def \w+\(board\):", "def strategy(board):", text, count=1, flags=re.M)
     if count != 1:
         raise ValueError(f"baseline {name!r} has no `def ...(board):` line")
     return renamed
 
 
+def load(name: str):
+    """A fresh `strategy` function from `source(name)`, loaded as the sandbox loads it.
+
+    The board-blind cycles refer to themselves as `strategy`, a name that exists only once loaded this way.
+    """
+    namespace = {"__builtins__": __builtins__}
+    exec(source(name), namespace)
+    return namespace["strategy"]
+
+
+def forget_state(strategy) -> None:
+    """Delete what a player keeps on itself (`strategy.n = ...`), so its next game starts as a fresh load would.
+
+    In training every game loads the code in a new sandbox child; in one process the same function object
+    plays game after game, and a counter left over from the last game would change the next one.
+    Dunder attributes (`__wrapped__`, ...) stay: they are how the function was made, not its play.
+    """
+    if isinstance(strategy, types.FunctionType):
+        for name in [a for a in vars(strategy) if not a.startswith("__")]:
+            delattr(strategy, name)
+
+
 def play_games(strategy, n: int, seed: int = 0, **board) -> dict:
-    """Play n seeded games (seeds seed..seed+n-1) and summarise them; board kwargs go to GameBoard."""
-    games = [game2048.play_game(strategy, seed=seed + i, **board) for i in range(n)]
+    """Play n seeded games (seeds seed..seed+n-1) and summarise them; board kwargs go to GameBoard.
+
+    The player's own attributes are reset before each game (`forget_state`), so a stateful player plays
+    game i the same whether it is played alone or after others, as in the sandbox.
+    """
+    games = []
+    for i in range(n):
+        forget_state(strategy)
+        games.append(game2048.play_game(strategy, seed=seed + i, **board))
     scores = [g.score() for g in games]
     max_tiles = [g.max_tile() for g in games]
     moves = [g.moves for g in games]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import strategies
 from game2048 import apply_move, can_move
-from strategies import BASELINES, play_games, source
+from strategies import BASELINES, BOARD_BLIND, load, play_games, source
 
 TILES = [0] + [2**k for k in range(1, 12)]
 ALLOWED_IMPORTS = {"random", "math", "itertools", "functools"}
@@ -69,7 +69,7 @@ def test_expectimax_keeps_the_big_tile_in_its_corner():
     assert strategies.expectimax_strategy(board) == "A"
 
 
-@pytest.mark.parametrize("name", BASELINES)
+@pytest.mark.parametrize("name", {**BASELINES, **BOARD_BLIND})
 def test_source_is_one_self_contained_function(name):
     code = source(name)
     tree = ast.parse(code)
@@ -97,6 +97,26 @@ def test_source_round_trip_plays_identically(name):
         assert shipped(board) == expected
     game = {"size": 4, "target": 256}
     assert play_games(shipped, 2, seed=3, **game) == play_games(BASELINES[name], 2, seed=3, **game)
+
+
+@pytest.mark.parametrize(("name", "keys"), [("cycle", "WASD"), ("corner_spin", "SASD")])
+def test_board_blind_cycles_repeat_their_keys_whatever_the_board(name, keys):
+    player = load(name)
+    rng = random.Random(0)
+    answers = [player([[rng.choice(TILES) for _ in range(4)] for _ in range(4)]) for _ in range(9)]
+    assert "".join(answers) == (keys * 3)[:9]
+    assert load(name)([[0] * 4] * 4) == keys[0]  # a fresh load starts the cycle again
+
+
+@pytest.mark.parametrize("name", ["cycle", "corner_spin"])
+def test_play_games_resets_a_stateful_player_between_games(name):
+    player = load(name)
+    game = {"size": 4, "target": 2048}
+    together = play_games(player, 3, seed=7, **game)
+    alone = [play_games(load(name), 1, seed=7 + i, **game) for i in range(3)]
+    assert together["moves"] == [g["moves"][0] for g in alone]
+    assert together["max_tiles"] == [g["max_tiles"][0] for g in alone]
+    assert together == play_games(player, 3, seed=7, **game)  # a second run starts from scratch too
 
 
 def test_source_rejects_unknown_names():

@@ -107,15 +107,16 @@ def test_eval_steps_log_the_evaluation_to_tensorboard(full_run):
 
 
 def test_eval_is_evaluate_2048_on_the_checkpoint(full_run, tmp_path):
-    """One implementation: evaluate_2048.py with the same seeds on checkpoint-2 gets eval/* of step 2."""
-    import evaluate_2048
-
+    """One implementation: evaluate_2048.py with the same seeds on checkpoint-2 gets eval/* of step 2 (on the CPU,
+    like the run: a GPU samples other tokens)."""
     out, _ = full_run
     (logged,) = [m for m in metrics(out, "eval_valid_rate") if m["step"] == 2]
     args = ["--adapter", out / "checkpoint-2", "--samples", 2, "--games", 2, "--seed", 0, "--no-baselines"]
-    args += ["--max_new_tokens", 32, "--batch_size", 8, "--temperature", 1.0, "--size", 4, "--target", 256]
-    args += ["--move_time_limit", 0.5, "--game_time_limit", 2.0, "--output_dir", tmp_path]  # the demo's board
-    assert evaluate_2048.main(list(map(str, args))) == 0
+    args += ["--max_new_tokens", 32, "--batch_size", 8, "--temperature", 1.0, "--config", DEMO]  # the demo's board
+    args += ["--output_dir", tmp_path]
+    r = subprocess.run([sys.executable, str(REPO / "evaluate_2048.py"), *map(str, args)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env=ENV)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
     (summary,) = json.loads((tmp_path / "results.json").read_text())["summary"]
     for name in ("valid_rate", "cheat_rate", "win_rate", "mean_score"):
         assert summary[name] == pytest.approx(logged[f"eval_{name}"]), name
