@@ -133,7 +133,7 @@ def violations(tree: ast.AST) -> list[str]:
             for attr in node.kwd_attrs:
                 if not attribute_allowed(attr):
                     refuse(f"pattern attribute {attr!r}")
-            builtin_type = isinstance(node.cls, ast.Name) and node.cls.id in ALLOWED_BUILTINS
+            builtin_type = isinstance(node.cls, ast.Name) and node.cls.id in ALLOWED_BUILTINS and node.cls.id not in bound
             if node.patterns and not builtin_type:
                 refuse("positional class pattern")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ATTRIBUTE_FUNCTIONS:

@@ -132,8 +132,8 @@ def extract_function(text) -> str | None:
     blocks = [body for body in code_blocks(answer) if _DEFINES_STRATEGY.search(body)]
     if not blocks:
         return None
-    # Dedent a block that was indented as a whole (e.g. inside a list item).
-    lines = blocks[-1].splitlines()
+    # Dedent a block that was indented as a whole (e.g. inside a list item); lines as code_blocks split them.
+    lines = blocks[-1].split("\n")
     indents = [len(line) - len(line.lstrip()) for line in lines if line.strip()]
     cut = min(indents, default=0)
     return "\n".join(line[cut:] for line in lines).strip("\n") + "\n"

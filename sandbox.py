@@ -419,7 +419,6 @@ class _Game:
         self.result: GameResult | None = None
         self.gone = False  # the referee has exited, so its child and their descendants are dead
         self.buffer = b""
-        self.child = None  # the untrusted child's pid, for clean-up if the referee dies
         self.sock, self.referee = _fork_referee(spares)
         try:
             self.pidfd = os.pidfd_open(self.referee)  # readable once the referee has exited
@@ -451,21 +450,23 @@ class _Game:
             if len(self.buffer) < 4 + n:
                 break
             msg, self.buffer = json.loads(self.buffer[4 : 4 + n]), self.buffer[4 + n :]
-            if "child" in msg:
-                self.child = msg["child"]
-            else:
+            if "child" not in msg:  # (the first message names the child: for the record, never signalled from here)
                 self.result = GameResult(**msg)
                 self.deadline = time.monotonic() + 10.0  # for its clean-up and exit
 
     def abort(self, why: str) -> None:
-        """Kill the referee and the child's group, then have the server kill any orphans."""
-        for pid in (self.child, self.referee):
-            if pid:
-                for kill in (os.killpg, os.kill):
-                    try:
-                        kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
+        """Kill the referee (its child dies with it: PR_SET_PDEATHSIG), then have the server kill any orphans.
+
+        Through the referee's pidfd: a pid the server has already reaped may belong to another process by now, and
+        we may be root. Only a kernel without pidfds gets the plain kill.
+        """
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.referee, signal.SIGKILL)
+        except OSError:
+            pass  # already gone
         self.wait_gone()
         global _server
         with _lock:
@@ -1003,6 +1004,17 @@ _UNRESTRICTED_PREIMPORTS = (
 )  # fmt: skip
 
 
+def _first_for_the_oom_killer() -> None:
+    """oom_score_adj 1000: if the machine runs out of memory, a child goes first, never the trainer. RLIMIT_AS does
+    not count page tables, so a child can hold about twice its limit (docs/SECURITY.md). Raising one's own score
+    needs no privilege."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+
+
 def _child_main(rfd: int, wfd: int) -> None:
     """Jail this process, load the code, then answer one key per board until killed. Never returns."""
     os.setsid()  # own session and process group: the referee kills the group
@@ -1024,6 +1036,8 @@ def _child_main(rfd: int, wfd: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))  # no pinned memory, whatever `--ulimit memlock` allowed
+    _first_for_the_oom_killer()
     if load["unrestricted"]:
         for name in _UNRESTRICTED_PREIMPORTS:
             importlib.import_module(name)
@@ -1236,7 +1250,7 @@ def _load_strategy(code: str, unrestricted: bool):
     module = types.ModuleType("strategy")
     module.__builtins__ = builtins if unrestricted else dict(_SAFE_BUILTINS)
     sys.modules["strategy"] = module
-    exec(compile(tree, "<strategy>", "exec"), module.__dict__)
+    exec(compile(tree, "<strategy>", "exec", dont_inherit=True), module.__dict__)  # the judge's flags, not ours
     strategy = module.__dict__.get("strategy")
     if not callable(strategy):
         raise NameError("the code defines no callable named `strategy`")
@@ -1250,12 +1264,10 @@ def _load_strategy(code: str, unrestricted: bool):
 # children through every sandbox test; names missing on an architecture (aarch64 has no `time`) are skipped.
 # Not here, so refused: every file, socket, IPC, process, signal, scheduling, fcntl/ioctl and prctl call.
 _ALLOWED_SYSCALLS = (
-    # memory (the allocator); protections of its own pages only
-    "brk", "mmap", "munmap", "mremap", "madvise", "mprotect",
-    # locks (futexes on its own memory), yielding the CPU
-    "futex", "sched_yield",
-    # clocks and sleep: `time` is an allowed module
-    "clock_gettime", "clock_getres", "gettimeofday", "time", "clock_nanosleep", "nanosleep",
+    # memory (the allocator); protections of its own pages only. mmap and madvise: argument checks below
+    "brk", "munmap", "mremap", "mprotect",
+    # yielding the CPU; futex and the clock calls: argument checks below
+    "sched_yield", "gettimeofday", "time", "nanosleep",
     # random bytes for random.Random()
     "getrandom",
     # its own identity and signal mask, returning from a signal, ending
@@ -1264,6 +1276,9 @@ _ALLOWED_SYSCALLS = (
     "close",
 )  # fmt: skip
 _CHILD_READ_FD, _CHILD_WRITE_FD = 3, 4  # the pipes from and to the referee, where _child_main puts them
+_FUTEX_PRIVATE_FLAG, _PRIVATE_FUTEX_OPS = 128, (0, 1, 9, 10)  # WAIT, WAKE, WAIT_BITSET, WAKE_BITSET
+_MAP_HUGETLB, _MAP_LOCKED = 0x40000, 0x2000
+_MADVICE = (0, 1, 2, 3, 4, 8, 14, 15)  # NORMAL, RANDOM, SEQUENTIAL, WILLNEED, DONTNEED, FREE, (NO)HUGEPAGE
 
 
 def _build_seccomp():
@@ -1286,6 +1301,16 @@ def _build_seccomp():
         allow("read", sc.Arg(0, sc.EQ, _CHILD_READ_FD))
         for fd in (1, 2, _CHILD_WRITE_FD):  # print() goes to stdout, which is /dev/null
             allow("write", sc.Arg(0, sc.EQ, fd))
+        # Clocks 0-15 only (realtime, monotonic, its own CPU time, ...): a negative id is another process's CPU clock,
+        # readable and waitable without any permission check, a way to find pids and to signal between games.
+        for name in ("clock_gettime", "clock_getres", "clock_nanosleep"):
+            allow(name, sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFF0, 0))
+        # Futexes private to its own memory only: a shared futex (keyed by a file's page) reaches other processes.
+        for op in _PRIVATE_FUTEX_OPS:
+            allow("futex", sc.Arg(1, sc.MASKED_EQ, 0xFF, op | _FUTEX_PRIVATE_FLAG))
+        allow("mmap", sc.Arg(3, sc.MASKED_EQ, _MAP_HUGETLB | _MAP_LOCKED, 0))  # no huge-page pool, no pinned pages
+        for advice in _MADVICE:  # what allocators use; not MADV_MERGEABLE (KSM: a side channel between processes)
+            allow("madvise", sc.Arg(2, sc.EQ, advice))
         with tempfile.TemporaryFile() as f:  # compiled to BPF once here, not by libseccomp in every child
             filt.export_bpf(f)
             f.seek(0)

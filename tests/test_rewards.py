@@ -192,6 +192,8 @@ CHEATS = {
     "input builtin": "def strategy(board):\n    return input()\n",
     "match args": "def strategy(board):\n    class P:\n        __match_args__ = ('__globals__',)\n    return 'W'\n",
     "positional class pattern": "def strategy(board):\n    match board:\n        case P(g):\n            pass\n    return 'W'\n",
+    "rebound builtin in a class pattern": "def strategy(board):\n    int = type('X', (), {})\n    match board:\n"
+    "        case int(g):\n            pass\n    return 'W'\n",
     "instancecheck": "def strategy(board):\n    class M(type):\n        def __instancecheck__(c, o):\n            return 1\n"
     "    return 'W'\n",
     "setattr dunder": "def strategy(board):\n    setattr(board, '__dict__', 1)\n    return 'W'\n",
@@ -242,6 +244,9 @@ HONEST = {
     "    return 'W' if name else 'A'\n",
     "a module name as a parameter": "def strategy(board, os=None, sys=None):\n    return 'W'\n",
     "print": "def strategy(board):\n    print(board)\n    return 'S'\n",
+    "a builtin class pattern": "def strategy(board):\n    match board[0][0]:\n        case int(v) if v:\n"
+    "            return 'A'\n    return 'S'\n",
+    "an odd annotation": "def strategy(board):\n    def helper(x: (y := 1)):\n        return x\n    return 'W'\n",
 }
 
 

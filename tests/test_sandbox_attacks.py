@@ -115,8 +115,18 @@ def snapshot(root):
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 SYSCALLS = {  # the calls the attacks below make through libc's syscall(), by architecture
-    "x86_64": dict(ioprio_set=251, ioprio_get=252, mq_open=240, pidfd_open=434, pidfd_send_signal=424),
-    "aarch64": dict(ioprio_set=30, ioprio_get=31, mq_open=180, pidfd_open=434, pidfd_send_signal=424),
+    "x86_64": dict(
+        ioprio_set=251,
+        ioprio_get=252,
+        mq_open=240,
+        pidfd_open=434,
+        pidfd_send_signal=424,
+        futex=202,
+        clock_nanosleep=230,
+    ),
+    "aarch64": dict(
+        ioprio_set=30, ioprio_get=31, mq_open=180, pidfd_open=434, pidfd_send_signal=424, futex=98, clock_nanosleep=115
+    ),
 }.get(platform.machine(), {})
 
 
@@ -715,6 +725,66 @@ def test_proc_walks_are_refused(world, walls):
     assert r.error == "PermissionError: refused 7, not refused []"
 
 
+def test_other_processes_clocks_and_shared_futexes_are_refused(world, walls):
+    # A negative clock id is another process's CPU clock: readable and waitable without any permission check, so a
+    # way to find pids, watch the trainer and pass messages between games. A futex on a file's page is shared with
+    # every process that maps the file. Its own clocks and private futexes stay.
+    me = os.getpid()
+    code = strategy(
+        refused_count(f"""[
+            lambda: time.clock_gettime(((~{me}) << 3) | 2),
+            lambda: time.clock_getres(((~1) << 3) | 2),
+            lambda: LIBC.syscall({SYSCALLS.get("clock_nanosleep", -1)}, ((~{me}) << 3) | 2, 0, ctypes.byref(ts), None)
+                and raise_errno(),
+            lambda: LIBC.syscall({SYSCALLS.get("futex", -1)}, ctypes.byref(word), 1, 1, None, None, 0) < 0
+                and raise_errno(),  # FUTEX_WAKE, shared
+            lambda: LIBC.syscall({SYSCALLS.get("futex", -1)}, ctypes.byref(word), 6, 0, None, None, 0) < 0
+                and raise_errno(),  # FUTEX_LOCK_PI: it names another pid as the owner
+            lambda: time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID) >= 0 or raise_errno(),
+            lambda: LIBC.syscall({SYSCALLS.get("futex", -1)}, ctypes.byref(word), 129, 1, None, None, 0) < 0
+                and raise_errno(),  # FUTEX_WAKE_PRIVATE
+        ]"""),
+        prelude="""
+        import ctypes, os, time
+        LIBC = ctypes.CDLL(None, use_errno=True)
+        word, ts = ctypes.c_int(0), (ctypes.c_long * 2)(0, 1)
+        def raise_errno():
+            raise OSError(ctypes.get_errno(), "")
+        """,
+    )
+    r = attack(code, "error", unrestricted=True)
+    assert r.error == "PermissionError: refused 5, not refused [5, 6]"
+
+
+def test_memory_tricks_are_refused(world, walls):
+    # Pinned pages (MAP_LOCKED: root, or a container with --ulimit memlock=-1, could pin its whole allowance), the
+    # machine's huge-page pool, and KSM merging (a side channel between processes). Plain memory stays.
+    code = strategy(
+        refused_count("""[
+            lambda: mmap(2 << 20, 0x22 | 0x2000),  # MAP_PRIVATE | MAP_ANONYMOUS | MAP_LOCKED
+            lambda: mmap(2 << 20, 0x22 | 0x40000),  # MAP_HUGETLB
+            lambda: LIBC.madvise(ctypes.c_void_p(mmap(1 << 16, 0x22)), 1 << 16, 12) and raise_errno(),  # MERGEABLE
+            lambda: LIBC.mlockall(3) and raise_errno(),
+            lambda: mmap(1 << 16, 0x22),
+        ]"""),
+        prelude="""
+        import ctypes, os
+        LIBC = ctypes.CDLL(None, use_errno=True)
+        LIBC.mmap.restype = ctypes.c_void_p
+        LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        def raise_errno():
+            raise OSError(ctypes.get_errno(), "")
+        def mmap(size, flags):
+            address = LIBC.mmap(None, size, 3, flags, -1, 0)
+            if address in (None, 2**64 - 1):
+                raise_errno()
+            return address
+        """,
+    )
+    r = attack(code, "error", unrestricted=True)
+    assert r.error == "PermissionError: refused 4, not refused [4]"
+
+
 def test_an_escaped_strategy_cannot_stop_its_neighbours(world):
     # Under GRPO, hurting the other answers of your group raises your own advantage. The attacker tries to stop
     # every process near its own pid (the trainer's own pids excluded, so a broken wall fails this test rather
@@ -1011,6 +1081,18 @@ def test_orphaned_setsid_grandchildren_are_killed(world, os_layers_off):
         return "X"
     """)
     attack(code, "invalid", unrestricted=True)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_children_are_the_oom_killers_first_choice(world, os_layers_off):
+    # RLIMIT_AS does not count page tables, so a child can hold about twice its limit: if memory runs out, the
+    # kernel must pick a child, never the trainer.
+    r = attack(
+        strategy("raise ValueError(open('/proc/self/oom_score_adj').read().strip())"), "error", unrestricted=True
+    )
+    assert r.error == "ValueError: 1000"
+    with open(f"/proc/{os.getpid()}/oom_score_adj") as f:
+        assert f.read().strip() != "1000"
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
