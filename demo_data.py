@@ -24,6 +24,8 @@ EXAMPLES = [
     ("stuck", 2, _code('    return "A"\n')),
     ("random", 2, _code('    import random\n    return random.choice("WASD")\n')),
     ("biased_random", 1, _code('    import random\n    return random.choice("AAASSD")\n')),
+    # Never reads the board: on 5x5 this wins most games; the default reward must not prefer it (issue 12).
+    ("cycle", 2, _code('    n = getattr(strategy, "n", 0)\n    strategy.n = n + 1\n    return "WASD"[n % 4]\n')),
     (
         "corner",
         3,

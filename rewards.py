@@ -4,9 +4,10 @@ Reward functions follow TRL's contract `f(completions, **kwargs) -> list[float]`
 completion is a score. Code is judged statically here, in the trainer's process (parse, never run), and
 played only inside the sandbox. Two profiles:
 
-- `graded` (default): the mean over K games of a per-game score in [0, 20] proportional to the largest
-  tile, on a board where random play almost never wins, so `random.choice("WASD")` is not a local
-  optimum (on the notebook's 6x6 board it wins ~97% of games).
+- `graded` (default): the mean over 8 games of a per-game score in [0, 20] from the game's points, on a 3x3
+  board to 512, where no player that ignores the board (random keys, any fixed cycle of keys) comes near a
+  board-reading one: chosen from measurements (bench/reward_table.py; README, "Rewards"). On the notebook's
+  6x6 board `random.choice("WASD")` wins ~97% of games, and on 5x5 a four-key cycle wins 87%.
 - `notebook`: one 6x6 game to 2048 scored exactly like the public notebook, for reproducing the tutorial.
 """
 
@@ -40,7 +41,7 @@ class RewardSettings(sandbox.Game):
         default="graded",
         metadata={"help": "graded: mean of K games scored by progress. notebook: the public notebook's table."},
     )
-    games: int = field(default=4, metadata={"help": "Games each strategy plays (the notebook profile plays one)."})
+    games: int = field(default=8, metadata={"help": "Games each strategy plays (the notebook profile plays one)."})
     game_salt: str | None = field(
         default=None,
         metadata={
@@ -203,27 +204,34 @@ def analyse(completion) -> Analysis:
 
 # --- scores -----------------------------------------------------------------------------------------
 
-# Per-game scores for the graded profile (success scores 20; a finished game scores by its largest tile).
-GRADED_TIMEOUT, GRADED_ERROR, GRADED_INVALID = -1.0, -3.0, -2.0
+# Per-game scores of the graded profile for a strategy that fails to play: the game's points do the rest.
+GRADED_ERROR, GRADED_INVALID = -3.0, -2.0
 # The notebook's exact numbers.
 NOTEBOOK_SUCCESS, NOTEBOOK_FAILED, NOTEBOOK_TIMEOUT, NOTEBOOK_ERROR = 20.0, 2.0, -1.0, -3.0
 
 
-def graded_game_score(result, target: int) -> float:
-    """20 for the target; else 20 * max tile / target: each doubling of the best tile doubles the score.
+def target_points(target: int) -> int:
+    """The points (the sum of merged tiles) of building `target` from 2s: log2(target) - 1 merges per unit of value."""
+    return (target.bit_length() - 2) * target
 
-    Measured on 5x5/2048: a score linear in log2(max tile) gave random play 83% of the corner player's
-    reward (random reaches 256-1024 there); this one gives it about a third (README, "Rewards").
+
+def graded_game_score(result, target: int) -> float:
+    """20 for the target; else the game's points as a share of the target's, times 20, at most 20.
+
+    Points grow with every merge, so the score separates weak players that end on the same largest tile and keeps
+    rising with stronger play (bench/reward_table.py: on the default 3x3 board to 512 the best of ~100 board-blind
+    players, fixed key cycles included, earns 0.15 of a depth-2 search and less than a 1-ply greedy). A game that
+    runs out of time, or reaches its move cap, is scored by the points it made, as if it had stopped there: a
+    timeout costs the rest of the game, never more, so stopping early never pays. Raising or crashing is -3, a
+    reply that is not a key -2.
     """
     if result.status == "success":
         return 20.0
-    if result.status == "timeout":
-        return GRADED_TIMEOUT
     if result.status in ("error", "crash"):
         return GRADED_ERROR
     if result.status == "invalid":
         return GRADED_INVALID
-    return 20.0 * min(result.max_tile, target) / target
+    return min(20.0, 20.0 * result.score / target_points(target))  # failed, capped, timeout
 
 
 def notebook_game_score(result) -> float:
@@ -351,6 +359,7 @@ def batch_metrics(analyses: list[Analysis], games: list[list], sandbox_failed: b
         metrics["game/win_rate"] = sum(r.status == "success" for r in flat) / len(flat)
         metrics["game/max_tile_log2"] = sum(math.log2(max(r.max_tile, 1)) for r in flat) / len(flat)
         metrics["game/moves"] = sum(r.moves for r in flat) / len(flat)
+        metrics["game/points"] = sum(r.score for r in flat) / len(flat)
     return metrics
 
 

@@ -81,8 +81,8 @@ class Game:
     is one of these). The move cap ends a game that is still going after `max_moves` board-changing moves
     ("capped"); 0 means none."""
 
-    size: int = dataclasses.field(default=4, metadata={"help": "Board size (size x size)."})
-    target: int = dataclasses.field(default=2048, metadata={"help": "Tile that wins a game."})
+    size: int = dataclasses.field(default=3, metadata={"help": "Board size (size x size)."})
+    target: int = dataclasses.field(default=512, metadata={"help": "Tile that wins a game."})
     probability_fours: float = dataclasses.field(default=0.10, metadata={"help": "Chance that a new tile is a 4."})
     keys: str = dataclasses.field(default="WASD", metadata={"help": "The four move keys: up, left, down, right."})
     max_moves: int = dataclasses.field(

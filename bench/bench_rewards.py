@@ -47,10 +47,11 @@ def serial(completions, settings, step):
 
 
 def baseline_rewards(steps: int) -> None:
-    """Each baseline's mean total reward (the three rewards summed) under the default settings."""
+    """Each baseline's and each board-blind player's mean total reward (the three rewards summed) under the
+    default settings, through the real reward functions and sandbox."""
     settings = rewards.RewardSettings()
     funcs = rewards.reward_functions(settings)
-    names = list(strategies.BASELINES)
+    names = [*strategies.BOARD_BLIND, *(n for n in strategies.BASELINES if n not in strategies.BOARD_BLIND)]
     completions = ["```python\n" + strategies.source(n) + "```" for n in names]
     totals = dict.fromkeys(names, 0.0)
     for step in range(steps):
@@ -60,7 +61,7 @@ def baseline_rewards(steps: int) -> None:
             totals[name] += sum(scores[i] for scores in per_func)
     games = steps * settings.games
     print(f"default profile: {settings.profile}, {settings.size}x{settings.size}/{settings.target}, {games} games each")
-    print("| baseline | mean total reward | of which strategy_succeeds |")
+    print("| player | mean total reward | of which strategy_succeeds |")
     print("|---|---:|---:|")
     for name in names:
         print(f"| {name} | {totals[name] / steps:.2f} | {totals[name] / steps - 2:.2f} |")
