@@ -94,27 +94,30 @@ def prompt_inputs(tokenizer, settings, chat_kwargs: dict):
 
 
 def sample_batch(model, tokenizer, inputs, *, index: int, size: int, seed: int, temperature: float,
-                 max_new_tokens: int) -> list[list[int]]:  # fmt: skip
+                 max_new_tokens: int, generate=None) -> list[list[int]]:  # fmt: skip
     """The completion token ids of generation batch `index`: `size` samples of the prompt, seeded by (seed, index).
 
-    temperature 0 is greedy decoding: one generation, repeated. The model's random state is left as it was, so a
-    training run with evaluations trains exactly like one without.
+    temperature 0 is greedy decoding: one generation, repeated. `generate` is generation.generate (the fast path,
+    the same tokens) or None for model.generate. The model's random state is left as it was, so a training run
+    with evaluations trains exactly like one without.
     """
     import torch
+    from transformers import GenerationConfig
 
-    inputs = inputs.to(model.device)
-    cuda = [model.device] if model.device.type == "cuda" else []
+    rows = size if temperature > 0 else 1
+    input_ids = inputs["input_ids"].to(model.device).repeat(rows, 1)  # what num_return_sequences would do
+    attention_mask = inputs["attention_mask"].to(model.device).repeat(rows, 1)
     sampling = dict(do_sample=True, temperature=temperature) if temperature > 0 else dict(do_sample=False)
+    config = GenerationConfig(**sampling, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                              eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    cuda = [model.device] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), torch.no_grad():
         torch.manual_seed(seed * 1_000_003 + index)
-        out = model.generate(
-            **inputs,
-            **sampling,
-            num_return_sequences=size if temperature > 0 else 1,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    ids = out[:, inputs["input_ids"].shape[1] :].tolist()
+        if generate is not None:
+            out = generate(model, input_ids, attention_mask, config)
+        else:
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    ids = out[:, input_ids.shape[1] :].tolist()
     return ids if temperature > 0 else ids * size
 
 
@@ -125,7 +128,7 @@ def decode(tokenizer, ids: list[list[int]]) -> list[str]:
 
 
 def sample_completions(model, tokenizer, settings, *, samples: int, seed: int, temperature: float,
-                       max_new_tokens: int, batch_size: int, chat_kwargs: dict,
+                       max_new_tokens: int, batch_size: int, chat_kwargs: dict, generate=None,
                        on_batch: Callable[[int], None] | None = None) -> list[str]:  # fmt: skip
     """`samples` decoded completions of the training prompt, `batch_size` at a time, in the model's eval mode."""
     inputs = prompt_inputs(tokenizer, settings, chat_kwargs)
@@ -135,7 +138,7 @@ def sample_completions(model, tokenizer, settings, *, samples: int, seed: int, t
     try:
         for index, size in enumerate(batch_sizes(samples, batch_size)):
             ids = sample_batch(model, tokenizer, inputs, index=index, size=size, seed=seed, temperature=temperature,
-                               max_new_tokens=max_new_tokens)  # fmt: skip
+                               max_new_tokens=max_new_tokens, generate=generate)  # fmt: skip
             texts += decode(tokenizer, ids)
             if on_batch is not None:
                 on_batch(size)

@@ -430,6 +430,9 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
         generate=generate,
     )
     quiet_console(trainer)
+    if generate is not None:
+        generation.prepare(trainer.model)
+        log.info(f"generation: {generation.describe(trainer.model)}")
     if state.is_main_process and "tensorboard" in training_args.report_to:
         # One writer for the Trainer's scalars and our sample texts, handed to transformers' own callback.
         from torch.utils.tensorboard import SummaryWriter

@@ -70,6 +70,7 @@ class GameGRPOTrainer(GRPOTrainer):
                     ids = evaluation.sample_batch(
                         model, self.processing_class, inputs, index=min(index, len(sizes) - 1), size=size,
                         seed=EVAL_SEED, temperature=args.temperature, max_new_tokens=args.max_completion_length,
+                        generate=self.fast_generate,
                     )  # fmt: skip
                     if index < len(sizes):
                         mine[index] = evaluation.decode(self.processing_class, ids)

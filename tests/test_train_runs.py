@@ -209,3 +209,16 @@ def test_cpu_demo_learns_to_read_the_board(tmp_path):
     assert last >= first + 4.0, (first, last)
     assert kinds["corner"] >= 16 and kinds["corner"] > 4 * kinds["cycle"], kinds
 
+
+def test_fast_generation_samples_what_model_generate_samples(full_run, tmp_path):
+    """--fast_generation (generation.py's decode loop) in the real run: the first step's completions, hence its
+    rewards and loss, are the reference run's; later steps may differ (its random state advances differently)."""
+    reference, _ = full_run
+    out = tmp_path / "out"
+    result = train(*SHORT, *SALT, "--max_steps", "1", "--verify_save", "false", "--fast_generation", "true",
+                   "--output_dir", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "generation: fast (" in (out / "training.log").read_text()
+    ours, theirs = metrics(out)[0], metrics(reference)[0]
+    for key in ("reward", "completions/mean_length", "loss", "rewards/strategy_succeeds/mean"):
+        assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), key
