@@ -11,6 +11,7 @@ verify lines of training.log: LoRA always, merged_16bit or mxfp4 on request).
     python bench/gpu_check.py --geometry 20b --preset gpt-oss-20b-bf16   # BF16 (>= 48 GB)
     python bench/gpu_check.py --geometry 20b --layers 4 --save_method merged_16bit   # the save, on less disk
     python bench/gpu_check.py --cpu --steps 2                            # the plumbing, on a CPU (tests use it)
+    python bench/gpu_check.py --model unsloth/gpt-oss-20b --steps 10     # the real model (a download)
     python bench/gpu_check.py ... -- --fast_generation true              # anything after -- goes to train_2048.py
 
 Random weights rarely emit EOS, so every completion runs to max_completion_length: the worst case for step time.
@@ -134,6 +135,11 @@ def summarise(out: Path, skip: int) -> dict:
     memory = [m["gpu/peak_memory_gb"] for m in steps if "gpu/peak_memory_gb" in m]
     result["peak_memory_gb"] = max(memory) if memory else None
     result["reward_mean"] = statistics.fmean(m["reward"] for m in steps) if steps else None
+    # The learning signal a step carries: the spread of rewards within its groups, zero for a group whose
+    # completions all scored the same. Per second of steady step time, it compares group sizes. It needs a model
+    # that writes strategies (random weights never do: 0 then).
+    signal = [m.get("reward_std", 0.0) * (1 - m.get("frac_reward_zero_std", 0.0)) for m in steady]
+    result["signal_per_s"] = statistics.fmean(signal) / result["time/step_s"] if result["time/step_s"] else None
     log = (out / "training.log").read_text() if (out / "training.log").exists() else ""
     result["save_checks"] = [line.split(" ", 3)[-1] for line in log.splitlines() if "verified " in line]
     result["save_problems"] = [line.split(" ", 3)[-1] for line in log.splitlines()
@@ -148,6 +154,7 @@ def table(result: dict) -> str:
     rows = [("whole step (median, s)", cell(result["time/step_s"]))]
     rows += [(f"  {p.replace('_', ' ')} (s)", cell(result[f"time/{p}_s"])) for p in PARTS]
     rows += [("peak GPU memory, torch (GB)", cell(result["peak_memory_gb"], "{:.1f}"))]
+    rows += [("learning signal per second (reward spread / s)", cell(result["signal_per_s"], "{:.3f}"))]
     if "gpu_util_median" in result:
         rows += [
             ("GPU utilisation, median / mean (%)", f"{result['gpu_util_median']:.0f} / {result['gpu_util_mean']:.0f}")
@@ -167,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--geometry", choices=("tiny", "20b"), default="tiny")
     parser.add_argument("--layers", type=int, help="decoder layers (default: 2 tiny, 24 for 20b)")
     parser.add_argument("--preset", default="gpt-oss-20b", help="a configs/*.yaml name")
+    parser.add_argument("--model", help="a real checkpoint (path or hub id) instead of building random weights")
     parser.add_argument("--steps", type=int, default=5, help="training steps; the first is warm-up")
     parser.add_argument("--save_method", choices=("lora", "merged_16bit", "mxfp4"), default="lora")
     parser.add_argument("--workdir", help="where the model and the run go (default: a temporary folder, removed)")
@@ -186,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpu-check-"))
     try:
-        model = build_model(work / f"gpt-oss-{args.geometry}-{args.layers or 'all'}", args.geometry, args.layers,
-                            "cpu" if args.cpu else "cuda")  # fmt: skip
+        model = args.model or build_model(work / f"gpt-oss-{args.geometry}-{args.layers or 'all'}", args.geometry,
+                                          args.layers, "cpu" if args.cpu else "cuda")  # fmt: skip
         out = work / "run"
         shutil.rmtree(out, ignore_errors=True)
         command = [sys.executable, str(ROOT / "train_2048.py"), "--config", str(preset), "--model_name_or_path",

@@ -41,7 +41,7 @@ def test_game_options_become_reward_settings():
     argv = ("--config", DEMO, "--size", "5", "--target", "512", "--keys", "ZQSD", "--game_salt", "x7", "--seed", "3")
     *_, settings = parse(*argv)
     assert (settings.size, settings.target, settings.keys, settings.game_salt) == (5, 512, "ZQSD", "x7")
-    assert settings.profile == "graded" and settings.games == 2
+    assert settings.profile == "graded" and settings.games == 4  # the demo's
 
 
 def test_every_reward_setting_is_an_option(capsys):
@@ -91,6 +91,13 @@ def test_bf16_preset_is_the_default_run_with_16_bit_weights():
     assert (model.lora_r, model.lora_target_modules) == (default[2].lora_r, default[2].lora_target_modules)
 
 
+def test_wide_preset_samples_one_group_of_16():
+    default = parse("--config", str(REPO / "configs" / "gpt-oss-20b-bf16.yaml"), *ON_CPU)
+    script, grpo, model, settings = parse("--config", str(REPO / "configs" / "gpt-oss-20b-bf16-wide.yaml"), *ON_CPU)
+    assert (grpo.num_generations, grpo.generation_batch_size) == (16, 16) and settings == default[3]
+    assert model.model_name_or_path == default[2].model_name_or_path and grpo.learning_rate == default[1].learning_rate
+
+
 def test_notebook_preset_reproduces_the_notebook():
     script, grpo, model, settings = parse("--config", str(REPO / "configs" / "notebook.yaml"), *ON_CPU)
     assert (settings.profile, settings.size, settings.target, settings.games) == ("notebook", 6, 2048, 1)
@@ -102,7 +109,8 @@ def test_notebook_preset_reproduces_the_notebook():
 def test_cpu_demo_preset_runs_on_the_cpu_with_a_small_board():
     script, grpo, model, settings = parse("--config", DEMO)
     assert grpo.use_cpu and not grpo.bf16 and script.backend == "transformers" and script.cpu_threads == 1
-    assert (settings.size, settings.target) == (4, 256) and script.warm_start
+    assert (settings.size, settings.target, settings.games) == (3, 128, 4) and script.warm_start
+    assert grpo.eval_strategy == "steps" and grpo.eval_steps == 20 and script.eval_samples == 8
 
 
 def test_early_options_read_flags_before_yaml_and_never_abbreviations():
