@@ -497,7 +497,9 @@ def make_dry_run(tmp_path: Path, target: str, stamped: bool) -> list[str]:
     if stamped:
         (tmp_path / ".venv").mkdir()
         (tmp_path / ".venv" / ".setup-done").touch()
-    result = subprocess.run(["make", "-n", target], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # under `make test`
+    result = subprocess.run(["make", "--no-print-directory", "-n", target], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
 
