@@ -589,6 +589,16 @@ def walls(request):
         sandbox.start()
 
 
+# What escaped code uses below to make raw system calls: libc through ctypes, errno raised as OSError.
+RAW_CALLS = """import ctypes, os
+LIBC = ctypes.CDLL(None, use_errno=True)
+def raise_errno():
+    raise OSError(ctypes.get_errno(), "")
+def raise_eperm():
+    raise PermissionError
+"""
+
+
 def refused_count(attempts: str) -> str:
     """Code that runs each attempt of a list of lambdas and raises with how many were refused with EPERM."""
     return f"""
@@ -623,14 +633,7 @@ def test_signals_reach_no_one(world, walls):
                 lambda: LIBC.syscall({calls["pidfd_open"]}, {me}, 0) < 0 and raise_errno(),
                 lambda: signal.sigqueue({me}, signal.SIGURG, 1) if hasattr(signal, "sigqueue") else raise_eperm(),
             ]"""),
-            prelude="""
-            import ctypes, os, signal, threading
-            LIBC = ctypes.CDLL(None, use_errno=True)
-            def raise_errno():
-                raise OSError(ctypes.get_errno(), "")
-            def raise_eperm():
-                raise PermissionError
-            """,
+            prelude=RAW_CALLS + "import signal, threading\n",
         )
         r = attack(code, "error", unrestricted=True)
         assert r.error == "PermissionError: refused 12, not refused []"
@@ -668,12 +671,7 @@ def test_scheduling_and_priorities_of_others_are_refused(world, walls):
             lambda: LIBC.syscall({SYSCALLS.get("ioprio_set", -1)}, 1, {me}, 3 << 13) < 0 and raise_errno(),
             lambda: os.sched_setaffinity(0, {{0}}),
         ]"""),
-        prelude="""
-        import ctypes, os
-        LIBC = ctypes.CDLL(None, use_errno=True)
-        def raise_errno():
-            raise OSError(ctypes.get_errno(), "")
-        """,
+        prelude=RAW_CALLS,
     )
     r = attack(code, "error", unrestricted=True)
     assert r.error == "PermissionError: refused 6, not refused []"  # the world fixture: the trainer is unchanged
@@ -691,12 +689,7 @@ def test_ipc_objects_are_refused(world, walls):
             lambda: os.memfd_create("x"),
             lambda: os.eventfd(0),
         ]"""),
-        prelude="""
-        import ctypes, os
-        LIBC = ctypes.CDLL(None, use_errno=True)
-        def raise_errno():
-            raise OSError(ctypes.get_errno(), "")
-        """,
+        prelude=RAW_CALLS,
     )
     r = attack(code, "error", unrestricted=True)
     assert r.error == "PermissionError: refused 6, not refused []"
@@ -715,11 +708,7 @@ def test_proc_walks_are_refused(world, walls):
             lambda: open("/proc/self/maps").read(),
             lambda: os.scandir("/tmp"),
         ]"""),
-        prelude="""
-        import os
-        def raise_eperm():
-            raise PermissionError
-        """,
+        prelude=RAW_CALLS,
     )
     r = attack(code, "error", unrestricted=True)
     assert r.error == "PermissionError: refused 7, not refused []"
@@ -744,13 +733,7 @@ def test_other_processes_clocks_and_shared_futexes_are_refused(world, walls):
             lambda: LIBC.syscall({SYSCALLS.get("futex", -1)}, ctypes.byref(word), 129, 1, None, None, 0) < 0
                 and raise_errno(),  # FUTEX_WAKE_PRIVATE
         ]"""),
-        prelude="""
-        import ctypes, os, time
-        LIBC = ctypes.CDLL(None, use_errno=True)
-        word, ts = ctypes.c_int(0), (ctypes.c_long * 2)(0, 1)
-        def raise_errno():
-            raise OSError(ctypes.get_errno(), "")
-        """,
+        prelude=RAW_CALLS + "import time\nword, ts = ctypes.c_int(0), (ctypes.c_long * 2)(0, 1)\n",
     )
     r = attack(code, "error", unrestricted=True)
     assert r.error == "PermissionError: refused 5, not refused [5, 6]"
@@ -767,19 +750,16 @@ def test_memory_tricks_are_refused(world, walls):
             lambda: LIBC.mlockall(3) and raise_errno(),
             lambda: mmap(1 << 16, 0x22),
         ]"""),
-        prelude="""
-        import ctypes, os
-        LIBC = ctypes.CDLL(None, use_errno=True)
+        prelude=RAW_CALLS
+        + textwrap.dedent("""
         LIBC.mmap.restype = ctypes.c_void_p
         LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        def raise_errno():
-            raise OSError(ctypes.get_errno(), "")
         def mmap(size, flags):
             address = LIBC.mmap(None, size, 3, flags, -1, 0)
             if address in (None, 2**64 - 1):
                 raise_errno()
             return address
-        """,
+        """),
     )
     r = attack(code, "error", unrestricted=True)
     assert r.error == "PermissionError: refused 4, not refused [4]"
