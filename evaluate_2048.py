@@ -393,8 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         console=stderr, transient=True, disable=not stderr.is_terminal,
     )  # fmt: skip
     sandbox.start()  # its server starts before torch exists in this process (no threads, no CUDA to fork)
-    if settings.require_seccomp and not sandbox.walls()["seccomp"]:
-        die(f"the sandbox has no seccomp wall here ({sandbox.walls()['reason']}); install libseccomp, or pass "
+    walls = sandbox.walls()
+    if settings.require_seccomp and not walls["seccomp"]:
+        die(f"the sandbox has no seccomp wall here ({walls['reason']}); install libseccomp, or pass "
             "--require_seccomp false to play with the other walls only")  # fmt: skip
     try:
         if args.watch is not None:

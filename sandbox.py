@@ -450,9 +450,8 @@ class _Game:
             if len(self.buffer) < 4 + n:
                 break
             msg, self.buffer = json.loads(self.buffer[4 : 4 + n]), self.buffer[4 + n :]
-            if "child" not in msg:  # (the first message names the child: for the record, never signalled from here)
-                self.result = GameResult(**msg)
-                self.deadline = time.monotonic() + 10.0  # for its clean-up and exit
+            self.result = GameResult(**msg)
+            self.deadline = time.monotonic() + 10.0  # for its clean-up and exit
 
     def abort(self, why: str) -> None:
         """Kill the referee (its child dies with it: PR_SET_PDEATHSIG), then have the server kill any orphans.
@@ -772,7 +771,6 @@ def _referee(sock: socket.socket) -> None:
             os._exit(0)  # a spare the server let go (shutdown): the finally below kills our child
         os.mkdir(workdir, 0o700)
         job["workdir"] = workdir
-        _send_frame(sock, json.dumps({"child": pid}).encode())
         try:
             result = referee.run(job)
         except Exception as exc:

@@ -402,7 +402,8 @@ def quiet_console(trainer) -> None:
 
 
 def make_trainer(model, tokenizer, settings, script_args, training_args, state, output_dir: Path, reasoning: str):
-    """TRL's GRPOTrainer with our rewards, evaluation, reports and timings (trainer.py)."""
+    """(trainer, ctrl_c): TRL's GRPOTrainer with our rewards, evaluation, reports and timings (trainer.py), and the
+    callback that Ctrl-C asks for a checkpoint."""
     from transformers.integrations import TensorBoardCallback
 
     import trainer as grpo
@@ -413,7 +414,7 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
 
         generate = generation.generate
     latest = {}  # the last batch's completions and scores, for the TensorBoard samples
-    times = grpo.StepTimes(state.device)
+    times, ctrl_c = grpo.StepTimes(state.device), grpo.CtrlC()
     evaluating = training_args.eval_strategy != "no"
     trainer = grpo.GameGRPOTrainer(
         model=model,
@@ -422,7 +423,7 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
         train_dataset=rewards.build_dataset(script_args.dataset_size, settings, reasoning),
         eval_dataset=rewards.build_dataset(script_args.eval_samples, settings, reasoning) if evaluating else None,
         processing_class=tokenizer,
-        callbacks=[grpo.GRPOReport(output_dir), grpo.CtrlC(), grpo.GameSalt(settings.game_salt)],
+        callbacks=[grpo.GRPOReport(output_dir), ctrl_c, grpo.GameSalt(settings.game_salt)],
         settings=settings,
         eval_samples=script_args.eval_samples,
         eval_games=script_args.eval_games,
@@ -442,14 +443,11 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
         trainer.remove_callback(TensorBoardCallback)
         trainer.add_callback(TensorBoardCallback(tb_writer=writer))
         trainer.add_callback(grpo.TensorBoardSamples(writer, latest, script_args.sample_steps, script_args.num_samples))
-    return trainer
+    return trainer, ctrl_c
 
 
-def run_grpo(trainer, checkpoint: Path | None) -> bool:
+def run_grpo(trainer, ctrl_c, checkpoint: Path | None) -> bool:
     """trainer.train() with Ctrl-C handled (a checkpoint at the end of the step); True when Ctrl-C stopped it."""
-    import trainer as grpo
-
-    (ctrl_c,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, grpo.CtrlC)]
     previous = signal.signal(signal.SIGINT, ctrl_c.on_sigint)
     try:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
@@ -521,9 +519,9 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     if script_args.warm_start and checkpoint is None:
         warm_start(model, tokenizer, prompt, script_args, training_args, state, output_dir)
 
-    trainer = make_trainer(model, tokenizer, settings, script_args, training_args, state, output_dir, reasoning)
+    trainer, ctrl_c = make_trainer(model, tokenizer, settings, script_args, training_args, state, output_dir, reasoning)
     del model  # the trainer holds it; the save step may release it to check a merged copy alone
-    if run_grpo(trainer, checkpoint):
+    if run_grpo(trainer, ctrl_c, checkpoint):
         step = trainer.state.global_step
         log.info(f"stopped by Ctrl-C after step {step}, saved as {output_dir / f'checkpoint-{step}'}; "
                  "--resume auto continues")  # fmt: skip

@@ -140,6 +140,23 @@ def test_unsloth_refuses_a_router_loss_before_loading(tmp_path, capsys):
         assert train_2048.check_before_loading(script, settings, grpo, model, backend="unsloth") is None
 
 
+def test_training_without_the_seccomp_wall_stops_with_one_line(tmp_path, capsys):
+    import sandbox
+
+    sandbox.shutdown()
+    sandbox.start(_disable_seccomp=True)  # as where libseccomp is missing
+    try:
+        script, grpo, model, settings = parse("--config", DEMO, "--output_dir", str(tmp_path / "out"))
+        with pytest.raises(SystemExit) as exc:
+            train_2048.check_before_loading(script, settings, grpo, model, backend="transformers")
+        line = capsys.readouterr().err.strip()
+        assert exc.value.code == 2 and line.startswith("train_2048: the sandbox has no seccomp wall here")
+        optout = parse("--config", DEMO, "--output_dir", str(tmp_path / "out"), "--require_seccomp", "false")
+        assert train_2048.check_before_loading(*optout[:1], optout[3], optout[1], optout[2], "transformers") is None
+    finally:
+        sandbox.shutdown()
+
+
 # --- checkpoints, saving helpers -----------------------------------------------------------------------------
 
 
