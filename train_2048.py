@@ -97,6 +97,21 @@ class ScriptArguments:
             "model.generate; falls back to it, with one warning, where the fast path cannot run."
         },
     )
+    truncated: Literal["score", "skip"] = field(
+        default="score",
+        metadata={
+            "help": "A completion cut off at max_completion_length. score: the rewards score it as written (a cut-off "
+            "answer holds no code: -3), which teaches brevity when the budget is short. skip: no reward and no "
+            "gradient (TRL leaves it out of its group's baseline, and mask_truncated_completions out of the loss)."
+        },
+    )
+    overlong_penalty: int = field(
+        default=0,
+        metadata={
+            "help": "DAPO's soft overlong punishment as a fourth reward: 0 to -1 over the last N tokens before "
+            "max_completion_length, -1 beyond (0: off)."
+        },
+    )
     cpu_threads: int = field(
         default=0,
         metadata={
@@ -214,6 +229,7 @@ def parse_args(argv: list[str]):
     for name, choices in (
         ("backend", ("auto", "unsloth", "transformers")),
         ("save_method", ("lora", "merged_16bit", "mxfp4")),
+        ("truncated", ("score", "skip")),
     ):
         if getattr(script_args, name) not in choices:  # a YAML value skips argparse's own check
             parser.error(
@@ -224,6 +240,10 @@ def parse_args(argv: list[str]):
     for name in ("eval_samples", "eval_games"):
         if getattr(script_args, name) < 1:
             parser.error(f"argument --{name}: must be >= 1")
+    if not 0 <= script_args.overlong_penalty < training_args.max_completion_length:
+        parser.error("argument --overlong_penalty: must be >= 0 and below --max_completion_length")
+    if script_args.truncated == "skip":
+        training_args.mask_truncated_completions = True  # and the rewards return None for them (trainer.py)
     return script_args, settings, training_args, model_args
 
 
@@ -416,9 +436,20 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
     latest = {}  # the last batch's completions and scores, for the TensorBoard samples
     times, ctrl_c = grpo.StepTimes(state.device), grpo.CtrlC()
     evaluating = training_args.eval_strategy != "no"
+    funcs = rewards.reward_functions(settings)
+    if script_args.overlong_penalty:
+        from trl.rewards import get_soft_overlong_punishment
+
+        funcs.append(get_soft_overlong_punishment(training_args.max_completion_length, script_args.overlong_penalty))
+    # TRL's own rule for a cut-off completion: its last token is neither EOS nor padding.
+    stop_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id} if script_args.truncated == "skip" else None
+    if stop_ids is not None:  # TRL warns, with the whole prompt, for every completion left unscored: here by design
+        logging.getLogger("trl.trainer.grpo_trainer").addFilter(
+            lambda record: "All reward functions returned None" not in record.getMessage()
+        )
     trainer = grpo.GameGRPOTrainer(
         model=model,
-        reward_funcs=[grpo.timed_reward(f, times, latest) for f in rewards.reward_functions(settings)],
+        reward_funcs=[grpo.timed_reward(f, times, latest, skip_unless_ends_with=stop_ids) for f in funcs],
         args=training_args,
         train_dataset=rewards.build_dataset(script_args.dataset_size, settings, reasoning),
         eval_dataset=rewards.build_dataset(script_args.eval_samples, settings, reasoning) if evaluating else None,

@@ -185,13 +185,21 @@ class StepTimes(TrainerCallback):
         return out
 
 
-def timed_reward(func, times: StepTimes, latest: dict):
+def timed_reward(func, times: StepTimes, latest: dict, skip_unless_ends_with: set[int] | None = None):
     """`func` as a TRL reward that also counts its time in the step split and keeps its last scores (and the
-    completions) for the TensorBoard samples."""
+    completions) for the TensorBoard samples.
+
+    With `skip_unless_ends_with` (the EOS and pad ids), a completion cut off by the budget gets None: when every reward
+    does so, TRL leaves it out of its group's baseline and gives it no advantage, so a budget that clips answers
+    teaches neither brevity nor anything else (`--truncated skip`).
+    """
 
     def reward(completions, **kwargs):
         with times.timing("rewards"):
-            scores = func(completions, **kwargs)
+            scores = func(completions=completions, **kwargs)
+        if skip_unless_ends_with is not None:
+            ids = kwargs.get("completion_ids") or [[]] * len(scores)
+            scores = [s if row and row[-1] in skip_unless_ends_with else None for s, row in zip(scores, ids)]
         latest["completions"], latest[func.__name__] = completions, scores
         return scores
 

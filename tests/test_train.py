@@ -505,3 +505,27 @@ def test_rewards_rank_the_demo_answers_good_over_random_over_broken_over_cheatin
         by_kind[kind] = min(by_kind.get(kind, total), total)
     broken = max(by_kind[k] for k in ("no_code", "syntax_error", "crashes"))
     assert by_kind["corner"] > by_kind["random"] > by_kind["stuck"] > broken > by_kind["cheats"], by_kind
+
+
+# --- truncated completions -----------------------------------------------------------------------------------
+
+
+def test_truncated_skip_masks_the_loss_and_leaves_them_unscored():
+    script, grpo, *_ = parse("--config", DEMO, "--truncated", "skip")
+    assert script.truncated == "skip" and grpo.mask_truncated_completions
+    script, grpo, *_ = parse("--config", DEMO)
+    assert script.truncated == "score" and not grpo.mask_truncated_completions
+    times, latest = trainer.StepTimes(SimpleNamespace(type="cpu")), {}
+    reward = trainer.timed_reward(rewards.function_works, times, latest, skip_unless_ends_with={0, 9})
+    done = "```python\ndef strategy(board):\n    return 'W'\n```"
+    scores = reward([done, done, "```python\ndef strat"], completion_ids=[[5, 0], [5, 9], [5, 6]])
+    assert scores == [1.0, 1.0, None]  # ended by EOS, by padding; cut off: no score at all (TRL: unscorable)
+    scored = trainer.timed_reward(rewards.function_works, times, latest)
+    assert scored([done, "```python\ndef strat"], completion_ids=[[5, 0], [5, 6]]) == [1.0, -2.0]
+
+
+def test_overlong_penalty_is_checked_against_the_budget():
+    script, grpo, *_ = parse("--config", DEMO, "--overlong_penalty", "16")
+    assert script.overlong_penalty == 16
+    with pytest.raises(SystemExit):
+        parse("--config", DEMO, "--overlong_penalty", "96")  # the whole budget (96 tokens)
