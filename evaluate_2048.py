@@ -276,8 +276,9 @@ def write_results(path: Path, args, settings, seeds, sources, played, summaries)
                 {
                     "source": src.name,
                     "sample": j,
-                    "valid": sample.analysis.parsed and sample.analysis.one_function,
-                    "cheats": list(sample.analysis.cheats),
+                    "valid": sample.analysis.loadable,
+                    "cheats": list(sample.analysis.cheats)
+                    + [f"at run time: {g.error}" for g in played[i, j][:1] if g.status == "violation"],
                     "played": sample.analysis.playable,
                     "why_not_played": sample.analysis.why_not_played,
                     "code": sample.code,

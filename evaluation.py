@@ -179,6 +179,10 @@ def play_sources(sources: list[Source], seeds: list[int], settings,
 # --- summaries --------------------------------------------------------------------------------------------------
 
 
+def cheats(sample: Sample, games: list) -> bool:
+    return bool(sample.analysis.cheats) or any(g.status == "violation" for g in games)
+
+
 def game_stats(games: list) -> dict:
     """Win rate, median score and max tile, mean score; a slot not played counts as a game with nothing."""
     return {
@@ -199,8 +203,9 @@ def summarise(source: Source, games_by_sample: list[list]) -> dict:
         "source": source.name,
         "kind": source.kind,
         "samples": n,
-        "valid_rate": sum(s.analysis.parsed and s.analysis.one_function for s in source.samples) / n,
-        "cheat_rate": sum(bool(s.analysis.cheats) for s in source.samples) / n,
+        "valid_rate": sum(s.analysis.loadable for s in source.samples) / n,
+        # cheating in the code, or seen by the sandbox at run time (a way out of Python): the rewards score both alike
+        "cheat_rate": sum(cheats(s, games) for s, games in zip(source.samples, games_by_sample)) / n,
         "played_samples": sum(s.analysis.playable for s in source.samples),
         **game_stats(flat),
         "played_games": len(played),

@@ -1,8 +1,10 @@
 """The three GRPO rewards, the prompt and the dataset.
 
 Reward functions follow TRL's contract `f(completions, **kwargs) -> list[float]` and never raise: a broken
-completion is a score. Code is judged statically here, in the trainer's process (parse, never run), and
-played only inside the sandbox. Two profiles:
+completion is a score. Code is judged statically here, in the trainer's process (parsed, never compiled or run: that
+is the sandbox's job, under its time and memory limits), against policy.py's contract, the one the prompt states;
+then played only inside the sandbox, once per batch for both game-dependent rewards, so that what the sandbox sees at
+run time (a violation of the contract) is scored as cheating too. Two profiles:
 
 - `graded` (default): the mean over 8 games of a per-game score in [0, 20] from the game's points, on a 3x3
   board to 512, where no player that ignores the board (random keys, any fixed cycle of keys) comes near a
@@ -42,6 +44,14 @@ class RewardSettings(sandbox.Game):
         metadata={"help": "graded: mean of K games scored by progress. notebook: the public notebook's table."},
     )
     games: int = field(default=8, metadata={"help": "Games each strategy plays (the notebook profile plays one)."})
+    answer_time_limit: float = field(
+        default=20.0,
+        metadata={
+            "help": "Seconds one answer's games may take together; once spent, or once one of its games timed out, "
+            "its games not yet started are not played and it is scored on those it played. Bounds a step's scoring "
+            "time when answers stall (docs/SECURITY.md)."
+        },
+    )
     game_salt: str | None = field(
         default=None,
         metadata={
@@ -64,6 +74,9 @@ class RewardSettings(sandbox.Game):
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
         if self.games < 1:
             raise ValueError(f"games must be >= 1, got {self.games!r}")
+        limit = self.answer_time_limit
+        if isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 0:
+            raise ValueError(f"answer_time_limit must be a positive number of seconds, got {limit!r}")
 
 
 NOTEBOOK = dict(profile="notebook", size=6, target=2048, probability_fours=0.10, games=1, game_time_limit=5.0)
@@ -104,21 +117,22 @@ def final_channel(text: str) -> str:
 def code_blocks(text: str) -> list[str]:
     """The bodies of the closed fenced code blocks, in order, read line by line.
 
-    A fence opens on a line that starts with three or more backticks (any info string after them:
-    ```` ```python title=x.py ````) and closes on a line of at least as many backticks alone, or at the end of a
-    line of code (`return "W"```). Windows line endings are fine. An unclosed block (a truncated completion)
-    is not a block.
+    A fence opens on a line that starts with three or more backticks or tildes (CommonMark; any info string after
+    them: ```` ```python title=x.py ````, `~~~python`) and closes on a line of at least as many of the same character
+    alone, or at the end of a line of code (`return "W"```). Windows line endings are fine. An unclosed block (a
+    truncated completion) is not a block.
     """
-    blocks, fence, body = [], 0, []
+    blocks, fence, mark, body = [], 0, "", []
     for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
         stripped = line.strip()
         if not fence:
-            if stripped.startswith("```"):
-                fence, body = len(stripped) - len(stripped.lstrip("`")), []
-        elif stripped.startswith("`" * fence) and not stripped.strip("`"):
+            if stripped.startswith(("```", "~~~")):
+                mark = stripped[0]
+                fence, body = len(stripped) - len(stripped.lstrip(mark)), []
+        elif stripped.startswith(mark * fence) and not stripped.strip(mark):
             blocks.append("\n".join(body))
             fence = 0
-        elif fence == 3 and stripped.endswith("```") and not stripped.endswith("````"):
+        elif fence == 3 and stripped.endswith(mark * 3) and not stripped.endswith(mark * 4):
             body.append(line.rstrip()[:-3])
             blocks.append("\n".join(body))
             fence = 0
@@ -145,17 +159,22 @@ def extract_function(text) -> str | None:
 
 @dataclass(frozen=True)
 class Analysis:
-    """What static analysis makes of one completion."""
+    """What static analysis makes of one completion (policy.py's judgement of its syntax tree)."""
 
     code: str | None  # None: nothing extracted
-    parsed: bool  # the code parses and compiles
-    one_function: bool  # only `def strategy(...)` at top level (imports and a docstring allowed)
+    parsed: bool  # the code parses (it is compiled only in the sandbox)
+    structure: str | None  # why it is not a module the sandbox plays (policy.structure_problem), None when it is
     cheats: tuple[str, ...]  # what it uses that a strategy may not (policy.py), e.g. ("import of 'os'",)
 
     @property
+    def loadable(self) -> bool:
+        """A module that defines `strategy(board)` with only definitions at the top level."""
+        return self.parsed and self.structure is None
+
+    @property
     def playable(self) -> bool:
-        """The one rule for what is played in the sandbox: one clean, loadable function."""
-        return self.parsed and self.one_function and not self.cheats
+        """The one rule for what is played in the sandbox: a loadable module that keeps the contract."""
+        return self.loadable and not self.cheats
 
     @property
     def why_not_played(self) -> str | None:
@@ -163,39 +182,31 @@ class Analysis:
             return "no code block defining strategy"
         if not self.parsed:
             return "syntax error"
-        if not self.one_function:
-            return "not one self-contained def strategy(board) (imports and helpers go inside it)"
+        if self.structure is not None:
+            return self.structure
         if self.cheats:
             return "cheats: " + ", ".join(self.cheats[:4])
         return None
 
 
-def is_one_function(tree: ast.Module) -> bool:
-    body = list(tree.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]  # module docstring
-    defs = [n for n in body if isinstance(n, ast.FunctionDef)]
-    rest = [n for n in body if not isinstance(n, ast.FunctionDef | ast.Import | ast.ImportFrom)]
-    if rest or len(defs) != 1 or defs[0].name != "strategy":
-        return False
-    args = defs[0].args
-    return len(args.posonlyargs) + len(args.args) >= 1 or args.vararg is not None
-
-
 def analyse_code(code: str) -> Analysis:
-    """Judge plain Python (extracted from a completion, a file, a baseline) without running it."""
+    """Judge plain Python (extracted from a completion, a file, a baseline) without compiling or running it.
+
+    Parsing is linear in the text; compiling is not (a pattern match with many alternatives took seconds and
+    gigabytes), so compiling, and any error only the compiler finds, is left to the sandbox's child.
+    """
     try:
         tree = ast.parse(code)
-        compile(tree, "<strategy>", "exec", dont_inherit=True)  # compile only: catches what parse lets by
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-        return Analysis(code, False, False, ())
-    return Analysis(code, True, is_one_function(tree), tuple(policy.violations(tree)))
+        return Analysis(code, False, None, ())
+    found, structure = policy.problems(tree)
+    return Analysis(code, True, structure, tuple(found))
 
 
 @functools.lru_cache(maxsize=1024)
 def _analyse_text(text: str) -> Analysis:
     code = extract_function(text)
-    return Analysis(None, False, False, ()) if code is None else analyse_code(code)
+    return Analysis(None, False, None, ()) if code is None else analyse_code(code)
 
 
 def analyse(completion) -> Analysis:
@@ -267,46 +278,35 @@ def new_salt() -> str:
     return secrets.token_hex(16)
 
 
-# --- the reward functions ---------------------------------------------------------------------------
+# --- judging a batch: static analysis, then the games ----------------------------------------------------------
 
 
-def function_works(completions, **kwargs) -> list[float]:
-    """+1 one loadable `strategy`; -0.5 parses but is not one function; -2 nothing extracted or a syntax error."""
-    scores = []
-    for completion in completions:
-        a = analyse(completion)
-        scores.append(1.0 if a.parsed and a.one_function else -0.5 if a.parsed else -2.0)
-    return scores
+@dataclass(frozen=True)
+class Verdict:
+    """One completion, judged and (when playable) played."""
+
+    analysis: Analysis
+    games: tuple = ()  # the GameResults of the games it played; games its time budget left unstarted are not here
+    violation: str | None = None  # what the sandbox saw it use at run time that policy.py forbids
+
+    @property
+    def cheats(self) -> bool:
+        """Cheating, seen in the code or at run time: the two are scored alike."""
+        return bool(self.analysis.cheats) or self.violation is not None
 
 
-def make_no_cheating(settings: RewardSettings):
-    def no_cheating(completions, **kwargs) -> list[float]:
-        """+1 clean; -20 uses what a strategy may not (policy.py); -1 nothing extracted.
-
-        A syntax error cannot be judged: -1 in the graded profile, -20 in the notebook's.
-        """
-        scores = []
-        for completion in completions:
-            a = analyse(completion)
-            if a.code is None:
-                scores.append(-1.0)
-            elif not a.parsed:
-                scores.append(-20.0 if settings.profile == "notebook" else -1.0)
-            else:
-                scores.append(-20.0 if a.cheats else 1.0)
-        return scores
-
-    return no_cheating
-
-
-def make_strategy_succeeds(settings: RewardSettings):
-    """The game reward. Its games' seeds come from settings.game_salt (a fresh secret one when it is None)."""
+def make_judge(settings: RewardSettings):
+    """A function (completions, trainer_state, log_metric) -> [Verdict], shared by the rewards of one run: the first
+    reward TRL calls on a batch plays it, the others read the same verdicts (TRL hands every reward function the same
+    list). Its games' seeds come from settings.game_salt (a fresh secret one when it is None)."""
     salt = settings.game_salt or new_salt()
-    calls_this_step = {}  # global_step -> reward calls so far; several per step with gradient accumulation
+    calls_this_step = {}  # global_step -> batches judged so far; several per step with gradient accumulation
+    last = {"completions": None, "step": None, "verdicts": None}
 
-    def strategy_succeeds(completions, trainer_state=None, log_metric=None, **kwargs) -> list[float]:
-        """Mean game score of each playable completion in the sandbox; 0 for code that is not played."""
+    def judge(completions, trainer_state=None, log_metric=None) -> list[Verdict]:
         step = getattr(trainer_state, "global_step", 0) or 0
+        if last["completions"] is completions and last["step"] == step:
+            return last["verdicts"]
         call = calls_this_step.get(step, 0)
         calls_this_step.clear()
         calls_this_step[step] = call + 1
@@ -314,47 +314,49 @@ def make_strategy_succeeds(settings: RewardSettings):
 
         analyses = [analyse(c) for c in completions]
         playable = sorted({a.code for a in analyses if a.playable})
-        jobs = [(code, seed, settings) for code in playable for seed in seeds]
+        # Game by game across answers, so an answer that stalls is found out in its first games and not played on.
+        jobs = [(code, seed, settings) for seed in seeds for code in playable]
         failed = False
         try:
-            results = sandbox.play_many(jobs, strict=settings.require_seccomp)
+            results = sandbox.play_many(
+                jobs, strict=settings.require_seccomp, groups=[code for code, _, _ in jobs],
+                group_seconds=settings.answer_time_limit,
+            )  # fmt: skip
         except Exception as exc:  # the sandbox itself failed: score nothing rather than stop training
             log.error(f"the sandbox failed, this batch is scored as not played: {type(exc).__name__}: {exc}")
-            results, failed = [], True
-        by_code = {code: results[i * len(seeds) : (i + 1) * len(seeds)] for i, code in enumerate(playable)}
-
-        scores, games = [], []
+            results, failed = [None] * len(jobs), True
+        played = {code: [] for code in playable}
+        for (code, _, _), result in zip(jobs, results):
+            if result is not None:
+                played[code].append(result)
+        verdicts = []
         for a in analyses:
-            played = by_code.get(a.code) if a.playable else None
-            if not played:
-                scores.append(0.0)
-                continue
-            games.append(played)
-            if settings.profile == "notebook":
-                per_game = [notebook_game_score(r) for r in played]
-            else:
-                per_game = [graded_game_score(r, settings.target) for r in played]
-            scores.append(sum(per_game) / len(per_game))
-
+            games = tuple(played.get(a.code, ())) if a.playable else ()
+            violation = next((g.error for g in games if g.status == "violation"), None)
+            verdicts.append(Verdict(a, games, violation))
         if log_metric is not None:
-            for name, value in batch_metrics(analyses, games, failed).items():
+            for name, value in batch_metrics(verdicts, len(seeds), failed).items():
                 log_metric(name, value)
-        return scores
+        last.update(completions=completions, step=step, verdicts=verdicts)
+        return verdicts
 
-    return strategy_succeeds
+    return judge
 
 
-def batch_metrics(analyses: list[Analysis], games: list[list], sandbox_failed: bool = False) -> dict[str, float]:
+def batch_metrics(verdicts: list[Verdict], games_each: int, sandbox_failed: bool = False) -> dict[str, float]:
     """Game metrics of one reward call; each completion counts once, its games once each."""
-    n = max(len(analyses), 1)
-    flat = [r for played in games for r in played]
+    n = max(len(verdicts), 1)
+    played = [v for v in verdicts if v.games]
+    flat = [r for v in played for r in v.games]
     metrics = {
-        "game/unparseable_frac": sum(a.code is None or not a.parsed for a in analyses) / n,
-        "game/cheat_frac": sum(bool(a.cheats) for a in analyses) / n,
-        "game/timeout_frac": sum(any(r.status == "timeout" for r in p) for p in games) / n,
-        "game/error_frac": sum(any(r.status in ("error", "crash", "invalid") for r in p) for p in games) / n,
+        "game/unparseable_frac": sum(v.analysis.code is None or not v.analysis.parsed for v in verdicts) / n,
+        "game/cheat_frac": sum(v.cheats for v in verdicts) / n,  # in the code, or seen at run time
+        "game/timeout_frac": sum(any(r.status == "timeout" for r in v.games) for v in played) / n,
+        "game/error_frac": sum(any(r.status in ("error", "crash", "invalid") for r in v.games) for v in played) / n,
         "game/sandbox_failure": float(sandbox_failed),  # 1 when the sandbox itself failed and nothing was played
     }
+    if played:  # games an answer's time budget left unstarted, as a share of its games
+        metrics["game/skipped_frac"] = sum(games_each - len(v.games) for v in played) / (games_each * len(played))
     if flat:
         metrics["game/win_rate"] = sum(r.status == "success" for r in flat) / len(flat)
         metrics["game/max_tile_log2"] = sum(math.log2(max(r.max_tile, 1)) for r in flat) / len(flat)
@@ -363,9 +365,68 @@ def batch_metrics(analyses: list[Analysis], games: list[list], sandbox_failed: b
     return metrics
 
 
+# --- the reward functions ---------------------------------------------------------------------------
+
+
+def function_works(completions, **kwargs) -> list[float]:
+    """+1 a loadable `strategy` module; -0.5 parses but is not one (policy.structure_problem); -2 nothing extracted or
+    a syntax error."""
+    scores = []
+    for completion in completions:
+        a = analyse(completion)
+        scores.append(1.0 if a.loadable else -0.5 if a.parsed else -2.0)
+    return scores
+
+
+def make_no_cheating(settings: RewardSettings, judge=None):
+    judge = judge or make_judge(settings)
+
+    def no_cheating(completions, trainer_state=None, log_metric=None, **kwargs) -> list[float]:
+        """+1 clean; -20 uses what a strategy may not (policy.py), in its code or, seen by the sandbox, at run time
+        (an escape from Python scores like the plain forbidden import); -1 nothing extracted.
+
+        A syntax error cannot be judged: -1 in the graded profile, -20 in the notebook's.
+        """
+        scores = []
+        for v in judge(completions, trainer_state, log_metric):
+            if v.analysis.code is None:
+                scores.append(-1.0)
+            elif not v.analysis.parsed:
+                scores.append(-20.0 if settings.profile == "notebook" else -1.0)
+            else:
+                scores.append(-20.0 if v.cheats else 1.0)
+        return scores
+
+    return no_cheating
+
+
+def make_strategy_succeeds(settings: RewardSettings, judge=None):
+    """The game reward."""
+    judge = judge or make_judge(settings)
+
+    def strategy_succeeds(completions, trainer_state=None, log_metric=None, **kwargs) -> list[float]:
+        """Mean game score of each playable completion over the games it played; 0 for code that is not played or
+        that the sandbox caught cheating (no_cheating scores that)."""
+        scores = []
+        for v in judge(completions, trainer_state, log_metric):
+            if not v.games or v.cheats:
+                scores.append(0.0)
+                continue
+            if settings.profile == "notebook":
+                per_game = [notebook_game_score(r) for r in v.games]
+            else:
+                per_game = [graded_game_score(r, settings.target) for r in v.games]
+            scores.append(sum(per_game) / len(per_game))
+        return scores
+
+    return strategy_succeeds
+
+
 def reward_functions(settings: RewardSettings) -> list:
-    """[function_works, no_cheating, strategy_succeeds] for TRL's `reward_funcs`, configured by `settings`."""
-    return [function_works, make_no_cheating(settings), make_strategy_succeeds(settings)]
+    """[function_works, no_cheating, strategy_succeeds] for TRL's `reward_funcs`, configured by `settings`; the last
+    two share one judge, so each batch is played once."""
+    judge = make_judge(settings)
+    return [function_works, make_no_cheating(settings, judge), make_strategy_succeeds(settings, judge)]
 
 
 # --- prompt and dataset -----------------------------------------------------------------------------
@@ -374,15 +435,15 @@ KEY_NAMES = ("up", "left", "down", "right")
 
 
 def build_prompt(settings: RewardSettings | None = None) -> str:
-    """Our wording of the notebook's contract, with this run's board, target and key alphabet."""
+    """Our wording of the notebook's task, with this run's board, target and key alphabet, and policy.py's contract in
+    its own words: what the prompt allows is what the judge and the sandbox allow."""
     s = settings or RewardSettings()
     keys = ", ".join(f'"{k}" ({name})' for k, name in zip(s.keys, KEY_NAMES))
     return (
         f"Write a Python strategy for the game 2048 on a {s.size}x{s.size} board; the goal is a {s.target} tile.\n"
         f"The function receives `board`, a list of {s.size} lists of {s.size} integers (0 is an empty cell), "
         f"and returns one move as a one-character string: {keys}.\n"
-        "Use plain Python and only standard-library modules such as math, random, itertools or collections. "
-        "Put every import and helper function inside the function.\n"
+        f"{policy.prompt_rules()}\n"
         "Answer with one Python code block:\n"
         "```python\ndef strategy(board):\n    ...\n```"
     )

@@ -20,7 +20,7 @@ SLACK = ["--move_time_limit", "10", "--game_time_limit", "60"]  # a loaded CI ma
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
 
 GOOD = 'def strategy(board):\n    import random\n    return random.choice("WASD")\n'
-HELPERS = 'def helper():\n    return "A"\n\n\ndef strategy(board):\n    return helper()\n'
+HELPERS = 'def helper():\n    return "A"\n\n\nprint(helper())\n\n\ndef strategy(board):\n    return helper()\n'
 CHEATS = 'def strategy(board):\n    import os\n    return "A"\n'
 
 
@@ -126,7 +126,7 @@ def test_file_strategies_are_judged_like_answers(tmp_path, capsys):
         assert row["statuses"] == {"not_played": 3} and row["win_rate"] == 0 and row["median_score"] == 0
     samples = {s["source"]: s for s in report["samples"]}
     assert samples[str(files["cheats"])]["cheats"] == ["import of 'os'"]
-    assert samples[str(files["helpers"])]["why_not_played"].startswith("not one self-contained")
+    assert samples[str(files["helpers"])]["why_not_played"].startswith("top level holds a Expr statement")
     out = capsys.readouterr().out
     assert f"{files['cheats']}: not played: cheats: import of 'os'" in out
 

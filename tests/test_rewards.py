@@ -157,12 +157,18 @@ def test_judging_a_pathological_answer_takes_well_under_a_second(text):
         (GOOD, 1.0),
         ("import math\n\ndef strategy(board):\n    return 'W'\n", 1.0),  # a top-level import is fine
         ('"""doc"""\ndef strategy(b):\n    return "W"\n', 1.0),
-        ("def helper():\n    pass\n\ndef strategy(board):\n    return 'W'\n", -0.5),  # two functions
+        ("def helper():\n    pass\n\ndef strategy(board):\n    return 'W'\n", 1.0),  # a helper beside it
+        ("K = 'WASD'\nclass C:\n    pass\ndef strategy(board):\n    return K[0]\n", 1.0),  # a constant, a class
+        ("def strategy(board):\n    return 'W'\nif __name__ == '__main__':\n    print(strategy([[0]]))\n", 1.0),
         ("def strategy(board):\n    return 'W'\nprint(strategy([[0]]))\n", -0.5),  # top-level code
         ("def strategy():\n    return 'W'\n", -0.5),  # takes no board
+        ("def helper(board):\n    return 'W'\n", -2.0),  # no block defines strategy: nothing extracted
         ("class strategy:\n    pass\ndef strategy(board): pass\n", -0.5),
+        ("import functools\ndef strategy(board):\n    functools.singledispatch\n    return 'W'\n", -0.5),
+        ("from typing import get_type_hints\ndef strategy(board):\n    return 'W'\n", -0.5),  # not in the sandbox
         ("def strategy(board):\n    return 'W'\n  oops\n", -2.0),  # syntax error
-        ("def strategy(board):\n    return 'W'\nreturn 1\n", -2.0),  # compiles only: return outside function
+        # The compiler's own errors (`return` outside a function) are the sandbox's to find: the judge only parses.
+        ("def strategy(board):\n    return 'W'\nreturn 1\n", -0.5),
     ],
 )
 def test_function_works(code, expected):
@@ -187,8 +193,12 @@ CHEATS = {
     "open": "def strategy(board):\n    open('/etc/passwd').read()\n    return 'W'\n",
     "globals": "def strategy(board):\n    globals()\n    return 'W'\n",
     "vars": "def strategy(board):\n    vars()\n    return 'W'\n",
-    "getattr dunder": "def strategy(board):\n    getattr(board, '__class__')\n    return 'W'\n",
-    "getattr computed": "def strategy(board):\n    getattr(board, 'x' + 'y')\n    return 'W'\n",
+    "getattr dunder": "def strategy(board):\n    getattr(board, '__dict__')\n    return 'W'\n",
+    "type.__setattr__": "def strategy(board):\n    class P:\n        pass\n    type.__setattr__(P, 'x', 1)\n    return 'W'\n",
+    "super(...) with arguments": "def strategy(board):\n    class P:\n        def f(self):\n"
+    "            super(P, self).__setattr__('x', 1)\n    return 'W'\n",
+    "positional pattern on a class with a metaclass": "import abc\nclass P(abc.ABC):\n    pass\ndef strategy(board):\n"
+    "    match board:\n        case P(g):\n            pass\n    return 'W'\n",
     "input builtin": "def strategy(board):\n    return input()\n",
     "match args": "def strategy(board):\n    class P:\n        __match_args__ = ('__globals__',)\n    return 'W'\n",
     "positional class pattern": "def strategy(board):\n    match board:\n        case P(g):\n            pass\n    return 'W'\n",
@@ -246,6 +256,7 @@ HONEST = {
     "print": "def strategy(board):\n    print(board)\n    return 'S'\n",
     "a builtin class pattern": "def strategy(board):\n    match board[0][0]:\n        case int(v) if v:\n"
     "            return 'A'\n    return 'S'\n",
+    "a computed attribute name": "def strategy(board):\n    return getattr('ws', 'up' + 'per')()[0]\n",
     "an odd annotation": "def strategy(board):\n    def helper(x: (y := 1)):\n        return x\n    return 'W'\n",
 }
 
@@ -263,7 +274,7 @@ def test_the_judge_and_the_sandbox_agree(name):
     a = analyse(fenced(code))
     r = sandbox.play(code, seed=0, size=4, target=16, move_time_limit=1.0, game_time_limit=3.0)
     if a.cheats:
-        assert r.status == "error" and r.error.endswith(f"{a.cheats[0]} is not allowed in the sandbox"), (a, r)
+        assert (r.status, r.error) == ("violation", a.cheats[0]), (a, r)
     else:
         assert r.status in ("success", "failed"), (a, r)
 
@@ -275,8 +286,8 @@ def test_no_cheating_nothing_extracted_and_syntax_error():
     assert notebook_no_cheating(["no code", broken]) == [-1.0, -20.0]
 
 
-def test_no_cheating_judges_code_that_is_not_one_function_by_its_imports():
-    code = "import os\ndef helper(): pass\ndef strategy(board):\n    return 'W'\n"
+def test_no_cheating_judges_code_that_is_not_loadable_by_its_imports():
+    code = "import os\nprint(1)\ndef strategy(board):\n    return 'W'\n"
     assert function_works([fenced(code)]) == [-0.5]
     assert NO_CHEATING([fenced(code)]) == [-20.0]
 

@@ -235,18 +235,24 @@ def test_long_c_call_big_power(world):
 
 
 @pytest.mark.parametrize(
-    "module", ["os", "sys", "subprocess", "importlib", "ctypes", "gc", "inspect", "builtins", "pickle", "io", "types"]
+    "module", ["os", "subprocess", "importlib", "ctypes", "gc", "inspect", "builtins", "pickle", "io", "types"]
 )
-def test_escape_modules_fail_at_load(world, module):
-    r = attack(f"import {module}\n" + strategy("return 'W'"), "error")
-    assert r.error == f"ImportError: import of {module!r} is not allowed in the sandbox"
-    r = attack(f"from {module} import *\n" + strategy("return 'W'"), "error")
-    assert r.error == f"ImportError: import from {module} is not allowed in the sandbox"
+def test_escape_modules_are_violations_at_load(world, module):
+    r = attack(f"import {module}\n" + strategy("return 'W'"), "violation")
+    assert r.error == f"import of {module!r}"
+    r = attack(f"from {module} import *\n" + strategy("return 'W'"), "violation")
+    assert r.error == f"import from {module}"
+
+
+def test_sys_is_its_constants_alone(world):
+    r = attack(strategy("import sys\nreturn sys.modules['os']"), "error")
+    assert r.error == "AttributeError: module 'sys' has no attribute 'modules'"
+    r = attack(strategy("import sys\nreturn 'W' if sys.maxsize > 0 else 'A'"), ("failed",))
 
 
 def test_signal_module_is_not_importable(world):
-    r = attack(strategy("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True: pass"), "error")
-    assert "import of 'signal' is not allowed" in r.error
+    r = attack(strategy("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True: pass"), "violation")
+    assert r.error == "import of 'signal'"
 
 
 def test_signal_tampering_does_not_stop_the_kill(world):
@@ -423,8 +429,8 @@ def test_python_recursion_is_an_error(world):
 
 
 def test_exit_builtin_is_absent(world):
-    r = attack(strategy("exit(0)"), "error")
-    assert r.error == "SandboxViolation: builtin 'exit' is not allowed in the sandbox"
+    r = attack(strategy("exit(0)"), "violation")
+    assert r.error == "builtin 'exit'"
 
 
 def test_raise_system_exit_is_a_crash(world):
@@ -450,10 +456,10 @@ def test_keyboard_interrupt_at_load_is_a_crash(world):
 
 
 def test_open_is_not_a_builtin(world):
-    r = attack(strategy(f"open({str(world.home / 'x')!r}, 'w')\nreturn 'W'"), "error")
-    assert r.error == "SandboxViolation: builtin 'open' is not allowed in the sandbox"
-    r = attack(strategy(f"o = dir.__self__.open\no({str(world.home / 'x')!r}, 'w')\nreturn 'W'"), "error")
-    assert r.error == "SandboxViolation: attribute '__self__' is not allowed in the sandbox"
+    r = attack(strategy(f"open({str(world.home / 'x')!r}, 'w')\nreturn 'W'"), "violation")
+    assert r.error == "builtin 'open'"
+    r = attack(strategy(f"o = dir.__self__.open\no({str(world.home / 'x')!r}, 'w')\nreturn 'W'"), "violation")
+    assert r.error == "attribute '__self__'"
 
 
 def test_file_writes_are_refused(world):
@@ -526,7 +532,7 @@ def test_environment_is_empty_and_the_directory_unknown(world):
 
 
 def test_socket_import_is_refused(world):
-    attack(strategy(f"import socket\nsocket.create_connection(('127.0.0.1', {world.port}))\nreturn 'W'"), "error")
+    attack(strategy(f"import socket\nsocket.create_connection(('127.0.0.1', {world.port}))\nreturn 'W'"), "violation")
 
 
 def test_sockets_are_refused(world):
@@ -925,18 +931,18 @@ def test_dunder_escapes_are_refused_before_running(world):
         "__import__('os')",
         "__builtins__['open']",
         "(lambda: 0).__globals__",
-        "getattr((), '__cla' + 'ss__')",
+        "getattr((), '__dic' + 't__')",
         "[x for x in ()].__class__.__mro__",
     ]
     for escape in escapes:
-        r = attack(strategy(f"return {escape}"), "error")
-        assert r.error.startswith("SandboxViolation"), (escape, r)
+        r = attack(strategy(f"return {escape}"), "violation")
+        assert r.error, (escape, r)
 
 
 def test_frame_walk_through_a_generator_is_refused(world):
     code = strategy("def g():\n    yield gen.gi_frame.f_back\ngen = g()\nreturn next(gen)")
-    r = attack(code, "error")
-    assert r.error.startswith("SandboxViolation")
+    r = attack(code, "violation")
+    assert r.error in ("attribute 'gi_frame'", "attribute 'f_back'")  # the judge says the first it meets
 
 
 def test_module_internals_are_hidden(world):
@@ -949,18 +955,19 @@ def test_module_internals_are_hidden(world):
 def test_eval_gateways_in_allowed_modules_are_closed(world):
     gateways = {
         # attribute fetchers that take a computed name
-        "import operator\nreturn operator.attrgetter('_' * 2 + 'class' + '_' * 2)(())": "SandboxViolation",
-        "import operator\nreturn operator.methodcaller('_' * 2 + 'reduce' + '_' * 2)(())": "SandboxViolation",
-        "import string\nreturn string.Formatter().get_field('0.x', [1], {})": "AttributeError",
+        "import operator\nreturn operator.attrgetter('_' * 2 + 'dict' + '_' * 2)(())": "violation attribute",
+        "import operator\nreturn operator.methodcaller('_' * 2 + 'reduce' + '_' * 2)(())": "violation attribute",
+        "import string\nreturn string.Formatter().get_field('0.x', [1], {})": "error AttributeError",
         # string annotations evaluated by typing / singledispatch
-        "import functools\nreturn functools.singledispatch": "AttributeError",
-        "import typing\nreturn typing.ForwardRef('1')": "AttributeError",
+        "import functools\nreturn functools.singledispatch": "error AttributeError",
+        "import typing\nreturn typing.ForwardRef('1')": "error AttributeError",
         # dataclass writes its methods as source text from the field names
         "import dataclasses\nd = '_' * 2 + 'annotations' + '_' * 2\n"
-        "X = type('X', (), {d: {\"x=print('pwned')#\": int}})\nreturn dataclasses.dataclass(X)": "SandboxViolation",
+        "X = type('X', (), {d: {\"x=print('pwned')#\": int}})\nreturn dataclasses.dataclass(X)": "violation a dataclass",
     }
-    for body, error in gateways.items():
-        r = attack(strategy(body), "error")
+    for body, expected in gateways.items():
+        status, error = expected.split(" ", 1)
+        r = attack(strategy(body), status)
         assert r.error.startswith(error), (body, r)
 
 
