@@ -49,3 +49,8 @@ def sft_rows(prompt: str) -> list[dict]:
         for _kind, copies, text in EXAMPLES
         for _ in range(copies)
     ]
+
+
+def corpus(prompt: str) -> list[str]:
+    """What the demo's tokenizer is trained on: the prompt and every answer as many times as its copies."""
+    return [prompt] + [text for _kind, copies, text in EXAMPLES for _ in range(copies)]

@@ -350,9 +350,9 @@ def load_policy(script_args, training_args, model_args, backend: str, prompt: st
     """(model, tokenizer) to train; the CPU demo's tiny model is built first, once, by the main process."""
     model_name = model_args.model_name_or_path
     if model_name == models.TINY:
-        corpus = [prompt] + [text for _, copies, text in demo_data.EXAMPLES for _ in range(copies)]
         with state.main_process_first():
-            model_name = str(models.build_tiny_model(output_dir / "tiny-model", corpus, training_args.seed))
+            built = models.build_tiny_model(output_dir / "tiny-model", demo_data.corpus(prompt), training_args.seed)
+        model_name = str(built)
     model, tokenizer = models.load_model(
         model_name,
         model_args,

@@ -219,13 +219,13 @@ def test_eval_line_shows_the_evaluation():
 def test_tiny_model_round_trips_code_and_takes_reasoning_effort(tmp_path):
     from transformers import AutoTokenizer
 
-    prompt = rewards.build_prompt(rewards.RewardSettings(size=4, target=256))
-    corpus = [prompt] + [text for _, _, text in train_2048.demo_data.EXAMPLES]
+    script, grpo, _, settings = parse("--config", DEMO)
+    corpus = train_2048.demo_data.corpus(rewards.build_prompt(settings))  # as train_2048 builds it
     path = models.build_tiny_model(tmp_path / "tiny-model", corpus, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(path)
     for _, _, text in train_2048.demo_data.EXAMPLES:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        assert tokenizer.decode(ids) == text and len(ids) <= 80  # answers are short in tokens
+        assert tokenizer.decode(ids) == text and len(ids) < grpo.max_completion_length  # every answer fits, with EOS
     chat = [{"role": "user", "content": "hi"}]
     rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, reasoning_effort="low")
     assert rendered == "<|user|>hi<|end|><|assistant|>"
