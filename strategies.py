@@ -3,7 +3,8 @@
 Every player keeps its imports and helpers inside its own body and uses only `random`, `math`,
 `itertools` and `functools`, because `source(name)` ships it as a string into a sandbox that allows
 nothing else. The baselines put the reward in context: on 6x6 even random play reaches 2048.
-`BOARD_BLIND` holds players that never look at the board, the floor an honest reward must keep low.
+`BOARD_BLIND` holds players that never look at the board, the floor an honest reward must keep low. `COMPACT` holds
+short players, greedy and a depth-2 expectimax, sized like an answer that fits a completion budget.
 """
 
 from __future__ import annotations
@@ -239,6 +240,85 @@ def corner_spin_strategy(board):
     return "SASD"[n % 4]
 
 
+# The compact players: what a model can afford to write inside a completion budget (bench/bench_budget.py counts the
+# tokens). Written as a model would answer, short names and no comments or docstrings, since those are shipped too.
+# The greedy one is one ply with one helper; the expectimax one searches two of our moves deep, every spawn between
+# them (2 at 0.9, 4 at 0.1), and scores a board by empty cells, rough neighbours and the largest tile in a corner.
+
+
+def greedy_compact_strategy(board):
+    def move(rows, key):
+        if key in "WS":
+            rows = [list(c) for c in zip(*rows)]
+        if key in "DS":
+            rows = [r[::-1] for r in rows]
+        new, points = [], 0
+        for row in rows:
+            tiles, out = [v for v in row if v], []
+            while tiles:
+                if len(tiles) > 1 and tiles[0] == tiles[1]:
+                    out.append(tiles[0] * 2)
+                    points += tiles[0] * 2
+                    tiles = tiles[2:]
+                else:
+                    out.append(tiles.pop(0))
+            new.append(out + [0] * (len(row) - len(out)))
+        if key in "DS":
+            new = [r[::-1] for r in new]
+        if key in "WS":
+            new = [list(c) for c in zip(*new)]
+        return new, points
+
+    rows = [list(r) for r in board]
+    options = []
+    for key in "ASDW":
+        new, points = move(rows, key)
+        options.append((new != rows, sum(r.count(0) for r in new), points, key))
+    return max(options)[3]
+
+
+def expectimax_compact_strategy(board):
+    import math
+
+    def move(rows, key):
+        if key in "WS":
+            rows = list(map(list, zip(*rows)))
+        new = []
+        for row in rows:
+            tiles, out = [v for v in (row[::-1] if key in "DS" else row) if v], []
+            while tiles:
+                v = tiles.pop(0)
+                if tiles and tiles[0] == v:
+                    v *= 2
+                    tiles.pop(0)
+                out.append(v)
+            out += [0] * (len(row) - len(out))
+            new.append(out[::-1] if key in "DS" else out)
+        return list(map(list, zip(*new))) if key in "WS" else new
+
+    def value(rows):
+        lines = rows + list(map(list, zip(*rows)))
+        rough = sum(abs(math.log2(a) - math.log2(b)) for line in lines for a, b in zip(line, line[1:]) if a and b)
+        top = max(map(max, rows))
+        corner = top in (rows[0][0], rows[0][-1], rows[-1][0], rows[-1][-1])
+        return 3 * sum(r.count(0) for r in rows) - rough + 4 * corner * math.log2(top)
+
+    def expect(rows, depth):
+        cells = [(i, j) for i, r in enumerate(rows) for j, v in enumerate(r) if not v]
+        if not depth or not cells:
+            return value(rows)
+        total = 0
+        for i, j in cells:
+            for tile, p in ((2, 0.9), (4, 0.1)):
+                rows[i][j] = tile
+                total += p * max([expect(new, depth - 1) for k in "ASDW" if (new := move(rows, k)) != rows] or [-99])
+            rows[i][j] = 0
+        return total / len(cells)
+
+    rows = [list(r) for r in board]
+    return max([(expect(new, 1), k) for k in "ASDW" if (new := move(rows, k)) != rows] or [(0, "A")])[1]
+
+
 BASELINES = {
     "random": random_strategy,
     "greedy": greedy_strategy,
@@ -253,10 +333,15 @@ BOARD_BLIND = {
     "corner_spin": corner_spin_strategy,
 }
 
+COMPACT = {
+    "greedy_compact": greedy_compact_strategy,
+    "expectimax_compact": expectimax_compact_strategy,
+}
+
 
 def source(name: str) -> str:
-    """The code a sandbox runs for a baseline or a board-blind player: its source, the def line renamed to `strategy`."""
-    player = BASELINES[name] if name in BASELINES else BOARD_BLIND[name]
+    """The code a sandbox runs for any player named here: its source, the def line renamed to `strategy`."""
+    player = {**BASELINES, **BOARD_BLIND, **COMPACT}[name]
     text = textwrap.dedent(inspect.getsource(player))
     renamed, count = re.subn(r"^def \w+\(board\):", "def strategy(board):", text, count=1, flags=re.M)
     if count != 1:

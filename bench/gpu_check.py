@@ -1,16 +1,20 @@
 """The GPU check: train_2048's real command line on a GPT-OSS model with random weights built here (no download).
 
-It builds the model (tiny, or GPT-OSS-20B's geometry with all or some of its 24 layers) with the CPU demo's
-tokenizer, runs `train_2048.py` with a preset for a few steps, and reports: the median steady step time and its
-split (generate / reward scoring / log-probs + backward / optimizer, from the time/* metrics every training log
-carries), peak GPU memory, GPU utilisation (nvidia-smi, sampled twice a second), and the save round trip (the
-verify lines of training.log: LoRA always, merged_16bit or mxfp4 on request).
+It builds the model (tiny, or GPT-OSS-20B's geometry with all or some of its 24 layers) with GPT-OSS's own tokenizer
+(gpt_oss_tokenizer.py, built offline: the prompt has its real length and ids, the vocabulary its 201088 rows; the CPU
+demo's 600-token one with `--tokenizer demo`, or when bpe-openai and openai-harmony are not installed and no
+`--tokenizer_dir` names a folder `gpt_oss_tokenizer.py --save` wrote), runs `train_2048.py` with a preset for a few
+steps, and reports: the median steady step time and its split (generate / reward scoring / log-probs + backward /
+optimizer, from the time/* metrics every training log carries), peak GPU memory, GPU utilisation (nvidia-smi, sampled
+twice a second), and the save round trip (the verify lines of training.log: LoRA always, merged_16bit or mxfp4 on
+request).
 
     python bench/gpu_check.py                                            # tiny model, default preset: a minute
     python bench/gpu_check.py --geometry 20b --steps 6                   # the 4-bit default at full size
     python bench/gpu_check.py --geometry 20b --preset gpt-oss-20b-bf16   # BF16 (>= 48 GB)
     python bench/gpu_check.py --geometry 20b --layers 4 --save_method merged_16bit   # the save, on less disk
     python bench/gpu_check.py --cpu --steps 2                            # the plumbing, on a CPU (tests use it)
+    python bench/gpu_check.py --tokenizer_dir gpt-oss-tokenizer          # a saved tokenizer, on a machine without it
     python bench/gpu_check.py --model unsloth/gpt-oss-20b --steps 10     # the real model (a download)
     python bench/gpu_check.py ... -- --fast_generation true              # anything after -- goes to train_2048.py
 
@@ -62,17 +66,33 @@ def gpt_oss_config(geometry: str, layers: int | None, vocab_size: int):
     )  # fmt: skip
 
 
-def build_model(path: Path, geometry: str, layers: int | None, device: str) -> Path:
-    """Random weights in BF16, created on `device` (the 20B geometry needs 84 GB in float32 on the host)."""
-    import torch
-    from transformers import GptOssForCausalLM
-
+def build_tokenizer(kind: str, folder: str | None):
+    """(tokenizer, the kind it is): GPT-OSS's own when it can be had offline, else the CPU demo's 600-token one."""
     import models
     import rewards
 
+    if kind == "gpt-oss":
+        import gpt_oss_tokenizer
+
+        try:
+            return gpt_oss_tokenizer.load(folder), "gpt-oss"
+        except ImportError as error:  # building it needs bpe-openai and openai-harmony (requirements-cpu.txt)
+            print(f"gpu_check: no GPT-OSS tokenizer here ({error}; --tokenizer_dir takes a saved one): the demo's")
+    return models.build_tokenizer([rewards.build_prompt(rewards.RewardSettings())]), "demo"
+
+
+def build_model(path: Path, geometry: str, layers: int | None, device: str, tokenizer) -> Path:
+    """Random weights in BF16, created on `device` (the 20B geometry needs 84 GB in float32 on the host).
+
+    The tiny geometry takes the tokenizer's vocabulary: with GPT-OSS's 201088 rows its embedding and output layer are
+    nearly all of its 0.1 B parameters (a --cpu run takes ~35 s instead of ~12 s), but the prompt's ids and the output
+    softmax are then the real ones.
+    """
+    import torch
+    from transformers import GptOssForCausalLM
+
     if (path / "config.json").exists():
         return path
-    tokenizer = models.build_tokenizer([rewards.build_prompt(rewards.RewardSettings())])
     config = gpt_oss_config(geometry, layers, len(tokenizer))
     config.pad_token_id, config.eos_token_id, config.bos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id, None
     torch.manual_seed(0)
@@ -91,6 +111,14 @@ def build_model(path: Path, geometry: str, layers: int | None, device: str) -> P
         torch.cuda.empty_cache()
     print(f"built GPT-OSS ({geometry}, {config.num_hidden_layers} layers): {params / 1e9:.2f} B parameters in {path}")
     return path
+
+
+def prompt_tokens(tokenizer) -> int:
+    import rewards
+
+    chat = [{"role": "user", "content": rewards.build_prompt(rewards.RewardSettings())}]
+    return len(tokenizer.apply_chat_template(chat, add_generation_prompt=True, reasoning_effort="low",
+                                             return_dict=True)["input_ids"])  # fmt: skip
 
 
 class GPUSampler:
@@ -180,9 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="where the model and the run go (default: a temporary folder, removed)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--cpu", action="store_true", help="the plumbing only: tiny model, transformers backend")
+    parser.add_argument("--tokenizer", choices=("gpt-oss", "demo"), default="gpt-oss",
+                        help="the built model's tokenizer: GPT-OSS's own (offline), or the CPU demo's")  # fmt: skip
+    parser.add_argument("--tokenizer_dir", help="GPT-OSS's tokenizer from this folder (gpt_oss_tokenizer.py --save)")
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step is warm-up)")
+    if args.tokenizer_dir and args.tokenizer != "gpt-oss":
+        parser.error("--tokenizer_dir is GPT-OSS's tokenizer: it goes with --tokenizer gpt-oss")
+    if args.tokenizer_dir and not (Path(args.tokenizer_dir) / "tokenizer.json").exists():
+        parser.error(f"--tokenizer_dir {args.tokenizer_dir}: no tokenizer.json there")
     import torch
 
     if not args.cpu and not torch.cuda.is_available():
@@ -194,8 +229,15 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpu-check-"))
     try:
-        model = args.model or build_model(work / f"gpt-oss-{args.geometry}-{args.layers or 'all'}", args.geometry,
-                                          args.layers, "cpu" if args.cpu else "cuda")  # fmt: skip
+        tokenizer_kind = None
+        if not args.model:
+            tokenizer, tokenizer_kind = build_tokenizer(args.tokenizer, args.tokenizer_dir)
+            name = f"gpt-oss-{args.geometry}-{args.layers or 'all'}"
+            name += "-demo-tokenizer" if tokenizer_kind == "demo" else ""
+            print(f"tokenizer: {tokenizer_kind}, {len(tokenizer)} tokens; the default prompt is "
+                  f"{prompt_tokens(tokenizer)} tokens at low reasoning effort")  # fmt: skip
+        model = args.model or build_model(work / name, args.geometry, args.layers, "cpu" if args.cpu else "cuda",
+                                          tokenizer)  # fmt: skip
         out = work / "run"
         shutil.rmtree(out, ignore_errors=True)
         command = [sys.executable, str(ROOT / "train_2048.py"), "--config", str(preset), "--model_name_or_path",
@@ -217,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu_check: train_2048.py failed with exit status {run.returncode}", file=sys.stderr)
             return 1
         result = {**summarise(out, skip=1), **gpu, "wall_s": wall, "command": command}
-        result.update(geometry=args.geometry, layers=args.layers, preset=args.preset,
+        result.update(geometry=args.geometry, layers=args.layers, preset=args.preset, tokenizer=tokenizer_kind,
                       device=torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.cpu else "cpu",
                       versions=versions())  # fmt: skip
         print(table(result))

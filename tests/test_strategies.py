@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import strategies
 from game2048 import apply_move, can_move
-from strategies import BASELINES, BOARD_BLIND, load, play_games, source
+from strategies import BASELINES, BOARD_BLIND, COMPACT, load, play_games, source
 
 TILES = [0] + [2**k for k in range(1, 12)]
 ALLOWED_IMPORTS = {"random", "math", "itertools", "functools"}
@@ -69,7 +69,40 @@ def test_expectimax_keeps_the_big_tile_in_its_corner():
     assert strategies.expectimax_strategy(board) == "A"
 
 
-@pytest.mark.parametrize("name", {**BASELINES, **BOARD_BLIND})
+@settings(max_examples=25, deadline=None)
+@given(live_boards())
+@pytest.mark.parametrize("name", COMPACT)
+def test_compact_players_answer_a_legal_key_that_moves(name, board):
+    before = [list(r) for r in board]
+    key = COMPACT[name](board)
+    assert isinstance(key, str) and len(key) == 1 and board == before
+    assert key in changing_keys(board) if can_move(board) else key in "WASD"
+
+
+@pytest.mark.parametrize("name", COMPACT)
+def test_compact_players_play_legal_games_from_their_source(name):
+    shipped = load(name)
+
+    def checked(board):
+        key = shipped(board)
+        assert key in changing_keys(board)  # a game only asks while some move is left
+        return key
+
+    for size, target in ((3, 512), (4, 128)):
+        games = play_games(checked, 2, seed=1, size=size, target=target)
+        assert min(games["moves"]) > 10
+        assert games == play_games(COMPACT[name], 2, seed=1, size=size, target=target)
+
+
+def test_compact_expectimax_beats_both_greedy_players_on_3x3_to_512():
+    """The default board: a depth-2 search should make at least twice the points of one ply, on average."""
+    board = {"size": 3, "target": 512}
+    search = statistics.fmean(play_games(COMPACT["expectimax_compact"], 4, seed=0, **board)["scores"])
+    for greedy in (strategies.greedy_strategy, COMPACT["greedy_compact"]):
+        assert search >= 2 * statistics.fmean(play_games(greedy, 4, seed=0, **board)["scores"])
+
+
+@pytest.mark.parametrize("name", {**BASELINES, **BOARD_BLIND, **COMPACT})
 def test_source_is_one_self_contained_function(name):
     code = source(name)
     tree = ast.parse(code)
