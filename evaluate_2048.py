@@ -32,7 +32,8 @@ import rewards
 import sandbox
 import strategies
 
-warnings.filterwarnings("ignore", category=SyntaxWarning)  # the GPU set's torchao, at import: never ours to act on
+warnings.filterwarnings("ignore", category=SyntaxWarning)
+DEFAULT_PRESET = Path(__file__).resolve().parent / "configs" / "gpt-oss-20b.yaml"  # train_2048.py's default  # the GPU set's torchao, at import: never ours to act on
 
 
 def die(message: str) -> None:
@@ -71,7 +72,11 @@ class EvalArguments:
     speed: float = field(default=20.0, metadata={"help": "--watch: moves per second, 0 = as fast as possible"})
     samples: int = field(default=16, metadata={"help": "strategies sampled from each model"})
     temperature: float = field(default=1.0, metadata={"help": "0 = greedy decoding"})
-    max_new_tokens: int = field(default=512, metadata={"help": "tokens per sampled answer"})
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata={"help": "tokens per sampled answer (default: the training budget, --config's max_completion_length, "
+                  "else the default preset's)"},
+    )  # fmt: skip
     batch_size: int = field(default=8, metadata={"help": "samples generated at once"})
     reasoning_effort: str = field(default="low", metadata={"help": "chat template argument (gpt-oss)"})
     seed: int = field(default=0, metadata={"help": "first game seed (games use seed..seed+games-1); the sampling seed"})
@@ -94,6 +99,8 @@ def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSet
         die(" ".join(str(exc).split()))
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")  # a training key in --config is fine; a flag not
+    if args.max_new_tokens is None:  # sample with the budget the model was trained with
+        args.max_new_tokens = training_budget(config_keys)
     for name in ("samples", "max_new_tokens", "batch_size"):
         if getattr(args, name) < 1:
             die(f"--{name} must be >= 1")
@@ -113,6 +120,15 @@ def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSet
     elif not (args.baselines or args.strategy or args.adapter or args.model):
         die("nothing to evaluate: give --adapter, --model, --strategy or --baselines")
     return args, settings
+
+
+def training_budget(config_keys: list[str]) -> int:
+    """max_completion_length of the --config preset, else of the default preset (configs/gpt-oss-20b.yaml)."""
+    if "--max_completion_length" in config_keys:
+        return int(config_keys[config_keys.index("--max_completion_length") + 1])
+    import yaml
+
+    return int(yaml.safe_load(DEFAULT_PRESET.read_text())["max_completion_length"])
 
 
 # --- sources ------------------------------------------------------------------------------------------------

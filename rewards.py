@@ -27,6 +27,7 @@ from typing import Literal
 
 import policy
 import sandbox
+import strategies
 
 PROFILES = ("graded", "notebook")
 log = logging.getLogger("train_2048.rewards")
@@ -455,3 +456,32 @@ def build_dataset(n: int, settings: RewardSettings | None = None, reasoning_effo
 
     prompt = [{"role": "user", "content": build_prompt(settings)}]
     return Dataset.from_dict({"prompt": [prompt] * n, "reasoning_effort": [reasoning_effort] * n})
+
+
+# --- the token budget -------------------------------------------------------------------------------
+
+# What gpt-oss writes before its final answer, even at low reasoning effort: 150-250 tokens (a public DGX Spark run of
+# this task clipped every completion at 200 and 300 tokens). The Harmony framing of both messages is counted on top.
+ANALYSIS_TOKENS = 250
+NEED_PLAYER = "expectimax_compact"  # the shortest player that searches (strategies.py): what a budget must hold
+
+
+def completion_need(tokenizer) -> tuple[int, int]:
+    """(analysis, answer): the tokens a completion needs for a board-reading answer in this tokenizer: a compact
+    depth-2 expectimax in a code block, after an analysis allowance when the tokenizer speaks Harmony (gpt-oss)."""
+    answer = "```python\n" + strategies.source(NEED_PLAYER) + "```"
+    if "<|channel|>" not in tokenizer.get_added_vocab():
+        return 0, len(tokenizer.encode(answer, add_special_tokens=False))
+    analysis_frame = "<|channel|>analysis<|message|><|end|><|start|>assistant"
+    final = f"<|channel|>final<|message|>{answer}<|return|>"
+    count = len(tokenizer.encode(analysis_frame, add_special_tokens=False))
+    return ANALYSIS_TOKENS + count, len(tokenizer.encode(final, add_special_tokens=False))
+
+
+def prompt_tokens(tokenizer, settings: RewardSettings, reasoning_effort: str = "low") -> int:
+    """The training prompt's length as the model sees it: its chat template, the generation prompt included."""
+    chat = [{"role": "user", "content": build_prompt(settings)}]
+    rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, reasoning_effort=reasoning_effort,
+                                             return_dict=True)  # fmt: skip
+    return len(rendered["input_ids"])
+

@@ -64,7 +64,7 @@ class ScriptArguments:
             "(CPU, multi-GPU). auto: unsloth when it is installed and one CUDA GPU is used, else transformers."
         },
     )
-    max_seq_length: int = field(default=768, metadata={"help": "Longest prompt + completion (Unsloth)."})
+    max_seq_length: int = field(default=1536, metadata={"help": "Longest prompt + completion (Unsloth)."})
     offload_embedding: bool = field(
         default=False, metadata={"help": "Keep the embedding matrix in CPU memory (Unsloth, saves ~1 GB)."}
     )
@@ -375,6 +375,24 @@ def load_policy(script_args, training_args, model_args, backend: str, prompt: st
     return model, tokenizer
 
 
+def check_budget(tokenizer, settings, script_args, training_args, model_name: str, backend: str, reasoning: str) -> None:
+    """One warning line when the token budget cannot hold what the reward pays for: a completion cut off before its
+    code block closes holds no code, so a budget below a board-reading answer leaves only board-blind ones to learn."""
+    if model_name == models.TINY:
+        return  # the demo's budget is set by its own example answers (tests/test_train.py checks they fit)
+    analysis, answer = rewards.completion_need(tokenizer)
+    prompt = rewards.prompt_tokens(tokenizer, settings, reasoning)
+    budget = training_args.max_completion_length
+    if budget < analysis + answer:
+        log.warning(
+            f"max_completion_length {budget} cannot hold a board-reading answer: {analysis} tokens of analysis and "
+            f"{answer} for a compact search answer need {analysis + answer} (README, Token budget)"
+        )
+    if backend == "unsloth" and prompt + budget > script_args.max_seq_length:
+        log.warning(f"max_seq_length {script_args.max_seq_length} cannot hold the prompt ({prompt} tokens) and "
+                    f"max_completion_length {budget}: raise it to {prompt + budget} or more")  # fmt: skip
+
+
 def warm_start(model, tokenizer, prompt: str, script_args, training_args, state, output_dir: Path) -> None:
     """SFT on demo_data.py's example answers, for a model that cannot write a working strategy yet. Under accelerate
     launch it is one data-parallel job of every rank, the batch split so an update sees as many examples."""
@@ -547,6 +565,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
 
             shutil.rmtree(output_dir, ignore_errors=True)
         die(f"cannot load model {model_args.model_name_or_path}: {' '.join(str(exc).split())[:300]}")
+    check_budget(tokenizer, settings, script_args, training_args, model_args.model_name_or_path, backend, reasoning)
     if script_args.warm_start and checkpoint is None:
         warm_start(model, tokenizer, prompt, script_args, training_args, state, output_dir)
 

@@ -74,22 +74,23 @@ def run(handling: str, budget: int, seed: int, work: Path) -> dict:
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if "reward" in m]
     model, tokenizer = models.load_model(str(out / "tiny-model"), ModelConfig(), adapter=str(out / "final"))
-    texts = evaluation.sample_completions(
-        model, tokenizer, rewards.RewardSettings(size=3, target=128), samples=SAMPLES, seed=1000 + seed,
-        temperature=1.0, max_new_tokens=SAMPLE_TOKENS, batch_size=16, chat_kwargs={},
-    )  # fmt: skip
-    kinds = collections.Counter(answer_kind(t) for t in texts)
+    model.eval()
+    inputs = evaluation.prompt_inputs(tokenizer, rewards.RewardSettings(size=3, target=128), {})
+    ids = evaluation.sample_batch(model, tokenizer, inputs, index=0, size=SAMPLES, seed=1000 + seed,
+                                  temperature=1.0, max_new_tokens=SAMPLE_TOKENS)  # fmt: skip
+    kinds = collections.Counter(answer_kind(t) for t in evaluation.decode(tokenizer, ids))
     return {
         "handling": handling, "budget": budget, "seed": seed, "kinds": dict(kinds),
         "board_reading": kinds["corner"] / SAMPLES,
+        "unfinished": sum(tokenizer.eos_token_id not in row for row in ids) / SAMPLES,  # no end within 96 tokens
         "clipped_last10": statistics.fmean(m.get("completions/clipped_ratio", 0.0) for m in steps[-10:]),
         "seconds": time.monotonic() - started,
     }  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| budget | handling | board-reading share (mean over seeds) | per seed | clipped, last 10 steps |",
-             "|---:|---|---:|---|---:|"]  # fmt: skip
+    lines = ["| budget | handling | board-reading share (mean over seeds) | per seed | answers that never end | "
+             "clipped, last 10 steps |", "|---:|---|---:|---|---:|---:|"]  # fmt: skip
     groups = collections.defaultdict(list)
     for row in rows:
         groups[row["budget"], row["handling"]].append(row)
@@ -97,6 +98,7 @@ def table(rows: list[dict]) -> str:
         shares = [r["board_reading"] for r in group]
         lines.append(
             f"| {budget} | {handling} | {statistics.fmean(shares):.0%} | {' '.join(f'{s:.0%}' for s in shares)} "
+            f"| {statistics.fmean(r.get('unfinished', float('nan')) for r in group):.0%} "
             f"| {statistics.fmean(r['clipped_last10'] for r in group):.0%} |"
         )
     return "\n".join(lines)

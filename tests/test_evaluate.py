@@ -318,3 +318,14 @@ def test_the_adapters_base_path_is_read_from_its_config(tiny_model):
 
 def teardown_module():
     sandbox.shutdown()
+
+
+def test_models_are_sampled_with_the_training_budget_by_default():
+    """A model trained to write within max_completion_length tokens is sampled with as many: the preset's."""
+    import yaml
+
+    default = yaml.safe_load(evaluate_2048.DEFAULT_PRESET.read_text())["max_completion_length"]
+    assert evaluate_2048.parse_args([])[0].max_new_tokens == default == 1024
+    demo = str(REPO / "configs" / "cpu-demo.yaml")
+    assert evaluate_2048.parse_args(["--config", demo])[0].max_new_tokens == 96
+    assert evaluate_2048.parse_args(["--config", demo, "--max_new_tokens", "12"])[0].max_new_tokens == 12

@@ -68,10 +68,11 @@ def test_gpt_oss_preset_is_the_notebook_model_with_seed_001s_batch():
         "up_proj",
         "down_proj",
     }
-    assert (script.max_seq_length, script.offload_embedding, script.warm_start) == (768, True, False)
+    assert (script.max_seq_length, script.offload_embedding, script.warm_start) == (1536, True, False)
     assert (grpo.learning_rate, grpo.weight_decay, grpo.warmup_steps) == (5e-5, 0.001, 0.1)
     assert grpo.lr_scheduler_type == "linear" and grpo.optim == "adamw_8bit"
-    assert (grpo.num_generations, grpo.gradient_accumulation_steps, grpo.max_completion_length) == (8, 4, 200)
+    assert (grpo.num_generations, grpo.gradient_accumulation_steps, grpo.max_completion_length) == (8, 4, 1024)
+    assert grpo.mask_truncated_completions and script.truncated == "score"  # chosen by bench/bench_truncation.py
     # one group of 8 per step, generated at once, trained 2 completions at a time (the memory of the old 4 x 2)
     assert (grpo.generation_batch_size, grpo.per_device_train_batch_size) == (8, 2)
     assert grpo.router_aux_loss_coef == 0  # Unsloth's GRPO refuses GPT-OSS's own MoE router loss
