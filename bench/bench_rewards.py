@@ -4,6 +4,7 @@ one after another (sandbox.play in a loop). Same seeds, interleaved repeats, med
 
     .venv/bin/python bench/bench_rewards.py [--repeats 5]
     .venv/bin/python bench/bench_rewards.py --baselines 10   # each baseline's mean reward, 10 steps
+    .venv/bin/python bench/bench_rewards.py --stalling 8     # a batch of 8 answers that stall every game
 """
 
 import argparse
@@ -67,14 +68,40 @@ def baseline_rewards(steps: int) -> None:
         print(f"| {name} | {totals[name] / steps:.2f} | {totals[name] / steps - 2:.2f} |")
 
 
+def stalling(answers: int, repeats: int, limit: float) -> None:
+    """The worst batch for scoring time: every answer stalls until each game's limit. The rewards' judge (an answer
+    that times out is not played on) against every game played to its limit, interleaved repeats, medians."""
+    settings = rewards.RewardSettings(game_salt="bench", move_time_limit=limit, game_time_limit=limit)
+    codes = [f"def strategy(board):\n    n = {i}\n    while True:\n        n += 1\n" for i in range(answers)]
+    completions = ["```python\n" + code + "```" for code in codes]
+    seeds = rewards.game_seeds(settings, "bench", 0, 0)
+    judged, every = [], []
+    for r in range(repeats):
+        t = time.perf_counter()
+        rewards.make_judge(settings)(completions, SimpleNamespace(global_step=r))
+        judged.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        sandbox.play_many([(code, seed, settings) for seed in seeds for code in codes])
+        every.append(time.perf_counter() - t)
+    j, e = statistics.median(judged), statistics.median(every)
+    cores = len(os.sched_getaffinity(0))
+    print(f"{answers} stalling answers x {settings.games} games, limit {limit:g} s a move and a game, {cores} cores")
+    print(f"every game to its limit: median {e:.2f} s; the judge (stop at an answer's first timeout): {j:.2f} s")
+    print(f"ratio {e / j:.2f}x; at the default 10 s a game that is {e * 10 / limit:.0f} s against {j * 10 / limit:.0f} s")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--baselines", type=int, metavar="STEPS", help="report baseline rewards instead")
+    parser.add_argument("--stalling", type=int, metavar="ANSWERS", help="time a batch of answers that all stall")
+    parser.add_argument("--limit", type=float, default=1.0, help="--stalling: seconds a move and a game may take")
     args = parser.parse_args()
     sandbox.start()
     if args.baselines:
         return baseline_rewards(args.baselines)
+    if args.stalling:
+        return stalling(args.stalling, args.repeats, args.limit)
     settings = rewards.RewardSettings(game_salt="bench")
     completions = batch()
     assert len(completions) == 16
