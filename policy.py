@@ -247,12 +247,18 @@ def problems(tree: ast.Module) -> tuple[list[str], str | None]:
     """(violations, structure problem) of a parsed module: what it uses that a strategy may not, each said once in
     the order found ([] when clean), and why it could not be played as a strategy (None when it can).
 
-    Linear in the size of the tree: two walks.
+    Linear in the size of the tree: a few walks.
     """
     bound = _bindings(tree)
     found: dict[str, None] = {}
     unavailable: dict[str, None] = {}
-    module_aliases = {}  # name -> module, for names bound only by `import module [as name]`
+    imported = {id(a) for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    module_aliases = {  # name -> module, for names bound only by `import module [as name]`
+        name: nodes[0].name
+        for name, nodes in bound.items()
+        if len(nodes) == 1 and id(nodes[0]) in imported and module_allowed(nodes[0].name)
+        and (nodes[0].asname or "." not in nodes[0].name)
+    }  # fmt: skip
 
     def refuse(what: str) -> None:
         found.setdefault(what)
@@ -262,10 +268,6 @@ def problems(tree: ast.Module) -> tuple[list[str], str | None]:
             for alias in node.names:
                 if not module_allowed(alias.name):
                     refuse(f"import of {alias.name!r}")
-                elif alias.asname or "." not in alias.name:
-                    name = alias.asname or alias.name
-                    if len(bound.get(name, ())) == 1:
-                        module_aliases[name] = alias.name
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
             if node.level or not module_allowed(module):

@@ -457,10 +457,11 @@ def _load_strategy(code: str, unrestricted):
 
 # --- the audit hook --------------------------------------------------------------------------------------------
 
-# Events that ordinary strategies cause and that reach nothing: id(), array.array(), time.sleep(), and compile (a
-# string annotation such as List["Board"] is compiled to check it; running a code object is what is audited: exec,
-# function.__new__, code.__new__).
-_HARMLESS_EVENTS = frozenset({"builtins.id", "array.__new__", "time.sleep", "compile"})
+# Events that ordinary strategies cause and that reach nothing: id(), array.array(), time.sleep(), compile (a string
+# annotation such as List["Board"] is compiled to check it; running a code object is what is audited: exec,
+# function.__new__, code.__new__), and Python 3.12's sys._getframemodulename (namedtuple, TypeVar and Enum ask for
+# their caller's module name: a string).
+_HARMLESS_EVENTS = frozenset({"builtins.id", "array.__new__", "time.sleep", "compile", "sys._getframemodulename"})
 # Events the allowed code generators cause while they build a class, and a frame look-up that typing, collections and
 # enum make to learn their caller's module name (TypeVar, namedtuple, Enum's functional API).
 _GENERATOR_EVENTS = frozenset({"exec", "object.__setattr__", "object.__getattr__", "sys._getframe"})
