@@ -110,7 +110,7 @@ ALLOWED_BUILTINS = frozenset(
 # ordinary classes use) and a few names. Every other dunder is introspection or a way to hand the interpreter a name
 # to look up (__globals__, __dict__, __code__, __subclasses__, __mro__, __bases__, __match_args__, __reduce__, ...).
 SAFE_DUNDERS = frozenset(
-    {"__name__", "__qualname__", "__doc__", "__class__", "__slots__", "__all__"}
+    {"__name__", "__qualname__", "__doc__", "__class__", "__slots__", "__all__", "__version__", "__author__"}
     | {f"__{n}__" for n in (
         "init new post_init del repr str format bytes hash bool sizeof eq ne lt le gt ge getattr dir get set delete "
         "set_name call len length_hint getitem setitem delitem missing iter next reversed contains enter exit aenter "
@@ -124,6 +124,13 @@ SAFE_DUNDERS = frozenset(
 # Definable in a class, but read only as `object.__setattr__(...)` or `super().__setattr__(...)`: anything else hands
 # a computed name to setattr without the sandbox's check.
 ATTRIBUTE_HOOKS = frozenset({"__setattr__", "__delattr__"})
+# Private names of library objects that are their public interface (namedtuple's and enum's). Every other single-
+# underscore attribute a strategy reads must be one of its own (a name it binds or assigns somewhere): the stdlib's
+# private helpers read other modules (Enum._convert_ reads sys.modules) or evaluate strings (ForwardRef._evaluate).
+LIBRARY_PRIVATE_NAMES = frozenset(
+    {"_asdict", "_replace", "_make", "_fields", "_field_defaults", "_value_", "_name_", "_missing_",
+     "_generate_next_value_", "_ignore_", "_order_", "_member_names_", "_member_map_"}
+)  # fmt: skip
 # Frame, traceback, generator and code attributes: each is a walk to some other frame's globals.
 INTROSPECTION_ATTRIBUTES = frozenset(
     {
@@ -148,7 +155,27 @@ def module_provides(module: str, name: str) -> bool:
     """Whether the sandbox's copy of an allowed module has `name` (a name missing from this Python is not checked
     here: the loader leaves it out, and using it is an AttributeError like any other)."""
     names = MODULES[module]
-    return names is EVERYTHING or name in names
+    if is_dunder(name):
+        return name in SAFE_DUNDERS  # a module object's own __name__, __doc__, __class__
+    return name in names or (names is EVERYTHING and not name.startswith("_"))
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not is_dunder(name)
+
+
+def own_private_names(tree: ast.AST) -> frozenset[str]:
+    """The single-underscore names the code binds or assigns anywhere (`self._memo = ...`, `def _helper`, a `_cache`
+    constant, `setattr(x, "_n", ...)`): the private attributes it may read back, with LIBRARY_PRIVATE_NAMES."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
+            names.add(node.attr)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                names.add(node.args[1].value)
+    names |= set(_bindings(tree))
+    return frozenset(n for n in names if is_private(n)) | LIBRARY_PRIVATE_NAMES
 
 
 def attribute_allowed(name: str) -> bool:
@@ -169,7 +196,8 @@ def prompt_rules() -> str:
     return (
         f"Plain Python; import only {modules}, and sys for its constants (eval-like helpers such as "
         "functools.singledispatch are left out). No eval, exec, open, __import__, globals, vars, frames, code "
-        "objects, or dunders beyond special methods (__init__, __add__, __class__, ...). Top level: only imports, "
+        "objects, private _names of library objects, or dunders beyond special methods (__init__, __add__, "
+        "__class__, ...). Top level: only imports, "
         'functions, classes, constants and an optional `if __name__ == "__main__":` test (never run).'
     )
 
@@ -250,6 +278,7 @@ def problems(tree: ast.Module) -> tuple[list[str], str | None]:
     Linear in the size of the tree: a few walks.
     """
     bound = _bindings(tree)
+    own = own_private_names(tree)
     found: dict[str, None] = {}
     unavailable: dict[str, None] = {}
     imported = {id(a) for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -263,6 +292,13 @@ def problems(tree: ast.Module) -> tuple[list[str], str | None]:
     def refuse(what: str) -> None:
         found.setdefault(what)
 
+    for name, nodes in bound.items():  # a dunder bound any other way than a def or an assignment of a safe one
+        if is_dunder(name):
+            for node in nodes:
+                defined = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and name in SAFE_DUNDERS | ATTRIBUTE_HOOKS
+                assigned = isinstance(node, ast.Name) and name in SAFE_DUNDERS - {"__class__"}
+                if not (defined or assigned):
+                    refuse(f"binding of {name!r}")
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -297,6 +333,8 @@ def problems(tree: ast.Module) -> tuple[list[str], str | None]:
                 module = module_aliases[node.value.id]
                 if not module_provides(module, node.attr):
                     unavailable.setdefault(f"{module}.{node.attr}")
+            elif is_private(node.attr) and node.attr not in own:
+                refuse(f"private attribute {node.attr!r} of a library object")
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             if is_dunder(node.name) and node.name not in SAFE_DUNDERS | ATTRIBUTE_HOOKS:
                 refuse(f"definition of {node.name!r}")
@@ -317,6 +355,8 @@ def problems(tree: ast.Module) -> tuple[list[str], str | None]:
             if node.func.id not in bound and isinstance(name, ast.Constant) and isinstance(name.value, str):
                 if not attribute_allowed(name.value):
                     refuse(f"attribute {name.value!r}")
+                elif is_private(name.value) and name.value not in own:
+                    refuse(f"private attribute {name.value!r} of a library object")
             # A computed name is checked when it is used (the sandbox's getattr & co.).
     structure = structure_problem(tree) if isinstance(tree, ast.Module) else None
     if structure is None and unavailable:

@@ -25,6 +25,7 @@ import dataclasses
 import enum
 import errno
 import fcntl
+import functools
 import importlib
 import inspect
 import json
@@ -180,10 +181,20 @@ def _idle() -> None:
         _read()
 
 
-def _violation(what: str):
-    """Report a violation of policy.py's contract and end the process: never an exception the strategy could catch."""
-    _reply(b"V", what)
-    os._exit(0)
+def _reporter():
+    """A function that reports a violation of policy.py's contract and ends the process: never an exception the
+    strategy could catch, and bound to what it uses, so rewriting this module's names does not disarm it."""
+    pack, write, exit_now, encode, cap = struct.pack, os.write, os._exit, str.encode, MAX_REPLY_BYTES - 1
+
+    def violation(what: str):
+        payload = b"V" + encode(what, "utf-8", "replace")[:cap]
+        write(WRITE_FD, pack("!H", len(payload)) + payload)
+        exit_now(0)
+
+    return violation
+
+
+_violation = _reporter()
 
 
 def _type_name(value) -> str:
@@ -303,78 +314,141 @@ class SeccompProgram:
 
 
 # --- what the strategy gets: builtins and module copies, with run-time checks ---------------------------------------
+#
+# A run-time check reports a violation and ends the process (never an exception the strategy could catch), and looks
+# nothing up in a module the strategy could reach and rewrite: `_checks` binds what they use once, in the server.
 
 
-def _checked_name(name):
-    if not isinstance(name, str):
-        return name  # the builtin raises its own TypeError
-    name = str.__str__(name)  # an exact str: a subclass cannot lie to the check
-    if not policy.attribute_allowed(name):
-        _violation(f"attribute {name!r} (a computed name)")
-    return name
+def _checks(report, attribute_allowed, attribute_hooks, is_private, library_private, field_name_allowed):
+    """The checked builtins and library replacements, bound to the predicates they need (closure cells)."""
+    exact, split, is_str, is_type, own = str.__str__, str.split, str, type, [frozenset()]
+    real_getattr, real_setattr, real_hasattr, real_delattr = getattr, setattr, hasattr, delattr
+    default_assigned, default_updated = tuple(functools.WRAPPER_ASSIGNMENTS), tuple(functools.WRAPPER_UPDATES)
+    # What a class statement itself puts in the namespace a metaclass passes on to type.__new__.
+    class_statement_keys = frozenset({"__module__", "__qualname__", "__classcell__", "__annotations__",
+                                      "__orig_bases__", "__static_attributes__", "__firstlineno__", "__type_params__"})
+
+    def checked_name(name, obj=None):
+        if not isinstance(name, is_str):
+            return name  # the builtin raises its own TypeError
+        name = exact(name)  # an exact str: a subclass cannot lie to the check
+        if not attribute_allowed(name):
+            report(f"attribute {name!r} (a computed name)")
+        if is_private(name) and name not in own[0] and name not in library_private:
+            report(f"private attribute {name!r} of a library object (a computed name)")
+        return name
+
+    def safe_getattr(obj, name, *default):
+        return real_getattr(obj, checked_name(name), *default)
+
+    def safe_hasattr(obj, name):
+        return real_hasattr(obj, checked_name(name))
+
+    def safe_setattr(obj, name, value):
+        real_setattr(obj, checked_name(name), value)
+
+    def safe_delattr(obj, name):
+        real_delattr(obj, checked_name(name))
+
+    def safe_attrgetter(*names):
+        """operator.attrgetter with every dotted part checked; a plain function, so its type leads nowhere."""
+        paths = []
+        for name in names:
+            if not isinstance(name, is_str):
+                raise TypeError("attribute name must be a string")
+            paths.append([checked_name(part) for part in split(exact(name), ".")])
+
+        def get(obj):
+            values = []
+            for path in paths:
+                value = obj
+                for part in path:
+                    value = real_getattr(value, part)
+                values.append(value)
+            return values[0] if len(values) == 1 else tuple(values)
+
+        return get
+
+    def safe_methodcaller(name, /, *args, **kwargs):
+        name = checked_name(name)
+
+        def call(obj):
+            return real_getattr(obj, name)(*args, **kwargs)
+
+        return call
+
+    def safe_update_wrapper(wrapper, wrapped, assigned=default_assigned, updated=default_updated):
+        """functools.update_wrapper copies the attributes it is told to: only the standard ones here."""
+        if tuple(assigned) != default_assigned or tuple(updated) != default_updated:
+            report("functools.update_wrapper or wraps with attribute names of its own")
+        return functools.update_wrapper(wrapper, wrapped)
+
+    def safe_wraps(wrapped, assigned=default_assigned, updated=default_updated):
+        return functools.partial(safe_update_wrapper, wrapped=wrapped, assigned=assigned, updated=updated)
+
+    class safe_cached_property(functools.cached_property):
+        """functools.cached_property reads `instance.__dict__[attrname]`: of an instance, under a checked name."""
+
+        def __get__(self, instance, owner=None):
+            if instance is None:
+                return self
+            if isinstance(instance, is_type):
+                report("cached_property read through a class")
+            checked_name(self.attrname)
+            return functools.cached_property.__get__(self, instance, owner)
+
+    def safe_dataclass(cls=None, /, **kwargs):
+        """dataclasses.dataclass writes its methods as source text from field names: they are checked first (and
+        again, at run time, by the audit hook)."""
+
+        def wrap(cls):
+            annotations = is_type.__dict__["__dict__"].__get__(cls).get("__annotations__", {})
+            if not isinstance(annotations, dict) or not all(field_name_allowed(n) for n in annotations):
+                report("a dataclass field name that is not a plain identifier")
+            return dataclasses.dataclass(**kwargs)(cls)
+
+        return wrap if cls is None else wrap(cls)
+
+    def overload(func):
+        """typing.overload without reading the function's code (as 3.11's does): the registry is not served."""
+        return typing._overload_dummy
+
+    class checked_type(type, metaclass=_TypeOfType):
+        """`type`: one argument is the real type(x); three make a class, whose namespace keys are checked as a class
+        statement's are (a dict key is a string the judge cannot see: `__reduce_ex__`, `__match_args__`, ...)."""
+
+        def __new__(mcs, *args, **kwargs):
+            if len(args) == 1 and not kwargs and mcs is checked_type:
+                return is_type(args[0])
+            if len(args) == 3 and isinstance(args[2], dict):
+                for key in args[2]:
+                    if is_type(key) is not is_str or not (
+                        attribute_allowed(key) or key in attribute_hooks or key in class_statement_keys
+                    ):
+                        report("type() with a namespace key that is not a plain allowed name")
+            if mcs is checked_type:
+                return is_type(*args, **kwargs)  # an ordinary class, as type() makes
+            return is_type.__new__(mcs, *args, **kwargs)
+
+    def set_own_private_names(names):
+        own[0] = names
+
+    return {
+        "getattr": safe_getattr, "hasattr": safe_hasattr, "setattr": safe_setattr, "delattr": safe_delattr,
+        "type": checked_type, "attrgetter": safe_attrgetter, "methodcaller": safe_methodcaller,
+        "update_wrapper": safe_update_wrapper, "wraps": safe_wraps, "cached_property": safe_cached_property,
+        "dataclass": safe_dataclass, "overload": overload, "set_own_private_names": set_own_private_names,
+    }  # fmt: skip
 
 
-def _safe_getattr(obj, name, *default):
-    return getattr(obj, _checked_name(name), *default)
+class _TypeOfType(type):
+    """The checked `type` answers isinstance(x, type) and issubclass(c, type) as the real one does."""
 
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, type)
 
-def _safe_hasattr(obj, name):
-    return hasattr(obj, _checked_name(name))
-
-
-def _safe_setattr(obj, name, value):
-    setattr(obj, _checked_name(name), value)
-
-
-def _safe_delattr(obj, name):
-    delattr(obj, _checked_name(name))
-
-
-def _safe_attrgetter(*names):
-    """operator.attrgetter with every dotted part checked; a plain function, so its type leads nowhere."""
-    checked = []
-    for name in names:
-        if not isinstance(name, str):
-            raise TypeError("attribute name must be a string")
-        checked.append([_checked_name(part) for part in str.split(str.__str__(name), ".")])
-
-    def get(obj):
-        values = []
-        for parts in checked:
-            value = obj
-            for part in parts:
-                value = getattr(value, part)
-            values.append(value)
-        return values[0] if len(values) == 1 else tuple(values)
-
-    return get
-
-
-def _safe_methodcaller(name, /, *args, **kwargs):
-    name = _checked_name(name)
-
-    def call(obj):
-        return getattr(obj, name)(*args, **kwargs)
-
-    return call
-
-
-def _checked_fields(cls) -> bool:
-    """The field names dataclasses will write into source text: exact identifier strs, no dunders."""
-    annotations = type.__dict__["__dict__"].__get__(cls).get("__annotations__", {})
-    return isinstance(annotations, dict) and all(policy.field_name_allowed(name) for name in annotations)
-
-
-def _safe_dataclass(cls=None, /, **kwargs):
-    """dataclasses.dataclass writes its methods as source text from field names: they are checked first (and again,
-    at compile time, by the audit hook)."""
-
-    def wrap(cls):
-        if not _checked_fields(cls):
-            _violation("a dataclass field name that is not a plain identifier")
-        return dataclasses.dataclass(**kwargs)(cls)
-
-    return wrap if cls is None else wrap(cls)
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, type)
 
 
 def _restricted_import(name, globals=None, locals=None, fromlist=(), level=0):
@@ -390,11 +464,12 @@ def _restricted_import(name, globals=None, locals=None, fromlist=(), level=0):
 
 _PROXIES: dict[str, types.ModuleType] = {}
 _SAFE_BUILTINS: dict = {}
-_REPLACEMENTS = {
-    ("operator", "attrgetter"): _safe_attrgetter,
-    ("operator", "methodcaller"): _safe_methodcaller,
-    ("dataclasses", "dataclass"): _safe_dataclass,
-}
+_CHECKS: dict = {}
+# Library names served as checked versions (_checks): each hands out an unchecked getattr or setattr, or code.
+_REPLACED = {
+    ("operator", "attrgetter"), ("operator", "methodcaller"), ("functools", "update_wrapper"), ("functools", "wraps"),
+    ("functools", "cached_property"), ("dataclasses", "dataclass"), ("typing", "overload"),
+}  # fmt: skip
 # Imported lazily by allowed functions (time.strptime): imported now, in the server, so no import happens in a child.
 _LAZY_IMPORTS = ("_strptime",)
 
@@ -405,6 +480,12 @@ def prepare_runtime() -> None:
     for name in sorted(policy.MODULES) + list(_LAZY_IMPORTS):
         importlib.import_module(name)
     time.localtime()  # the C library reads the time zone now, before children lose the right to open it
+    # Enum's private helper that reads any module's namespace and writes members back into it: no strategy needs it.
+    for helper in ("_convert_",):
+        if helper in vars(enum.EnumType):
+            delattr(enum.EnumType, helper)
+    _CHECKS.update(_checks(_violation, policy.attribute_allowed, policy.ATTRIBUTE_HOOKS, policy.is_private,
+                           policy.LIBRARY_PRIVATE_NAMES, policy.field_name_allowed))  # fmt: skip
     for name, names in policy.MODULES.items():
         real = sys.modules[name]
         proxy = types.ModuleType(name, getattr(real, "__doc__", None))
@@ -412,17 +493,14 @@ def prepare_runtime() -> None:
         for attr in wanted:
             if not hasattr(real, attr):
                 continue  # not in this Python's version of the module
-            value = _REPLACEMENTS.get((name, attr), getattr(real, attr))
+            value = _CHECKS[attr] if (name, attr) in _REPLACED else getattr(real, attr)
             if not isinstance(value, types.ModuleType):  # a module attribute is a way out (random._os)
                 setattr(proxy, attr, value)
         _PROXIES[name] = proxy
     _PROXIES["collections"].abc = _PROXIES["collections.abc"]
     _SAFE_BUILTINS.update({n: getattr(builtins, n) for n in policy.ALLOWED_BUILTINS})
+    _SAFE_BUILTINS.update({n: _CHECKS[n] for n in ("getattr", "hasattr", "setattr", "delattr", "type")})
     _SAFE_BUILTINS.update(
-        getattr=_safe_getattr,
-        hasattr=_safe_hasattr,
-        setattr=_safe_setattr,
-        delattr=_safe_delattr,
         __import__=_restricted_import,  # what `import` statements call; not a name the code may use
         __build_class__=builtins.__build_class__,  # what `class` statements call
     )
@@ -440,6 +518,7 @@ def _load_strategy(code: str, unrestricted):
         found, _ = policy.problems(tree)
         if found:
             _violation(found[0])
+        _CHECKS["set_own_private_names"](policy.own_private_names(tree))
     compiled = compile(tree, "<strategy>", "exec", dont_inherit=True)  # the judge's flags, not ours
     del tree
     # A real module, as an import would make: dataclasses and friends look their class's module up.
@@ -471,24 +550,32 @@ def _audit_hook(strategy_code):
     """The hook for one child, made after the strategy compiled and before its module runs.
 
     Everything it uses is bound here, as closure cells and constants: no global or builtin is looked up when an event
-    arrives, so a strategy that replaced one (a module attribute, a builtin) changes nothing. The exec of the
-    strategy's own compiled module is allowed once; generated code is allowed from namedtuple (it converts every name
-    to an exact, checked str itself) and from dataclasses while our checked `dataclass` is processing the class whose
-    fields it checked.
+    arrives, so a strategy that replaced one (a module attribute, a builtin) changes nothing, and it never runs the
+    strategy's code (it reads only exact-str keys of the namespaces it inspects). The exec of the strategy's own
+    compiled module is allowed once; generated code is allowed from namedtuple (it turns every name into an exact,
+    checked str itself) and from dataclasses while our checked `dataclass` processes the class whose fields it checked,
+    when every name in the code is one of those fields or dataclasses' own; frames only to the stdlib functions that
+    read their caller's module name.
     """
     namedtuple_codes = frozenset(
         f.__code__
         for f in (collections.namedtuple, getattr(typing, "_make_nmtuple", None), typing.NamedTupleMeta.__new__)
         if isinstance(f, types.FunctionType)
     )
-    wrapper_code = _safe_dataclass.__code__.co_consts  # the inner `wrap` is a constant of _safe_dataclass's code
-    wrapper_code = next(c for c in wrapper_code if isinstance(c, types.CodeType) and c.co_name == "wrap")
+    frame_readers = frozenset(
+        f.__code__
+        for f in (collections.namedtuple, getattr(typing, "_caller", None), vars(enum.EnumType).get("_create_"))
+        if isinstance(f, types.FunctionType)
+    )
+    constants = _CHECKS["dataclass"].__code__.co_consts  # the inner `wrap` is a constant of the wrapper's code
+    wrapper_code = next(c for c in constants if isinstance(c, types.CodeType) and c.co_name == "wrap")
     generator_files = frozenset({dataclasses.__file__, inspect.__file__})
-    frame_readers = frozenset({typing.__file__, collections.__file__, enum.__file__})
-    dataclasses_file, field_type = dataclasses.__file__, dataclasses.Field
+    dataclasses_file, field_type, code_type = dataclasses.__file__, dataclasses.Field, types.CodeType
     fields_of = type.__dict__["__dict__"].__get__  # a class's own namespace, whatever its metaclass says
     field_name = dataclasses.Field.__dict__["name"].__get__  # the slot, not a subclass's property
     safe_dunders, introspection = policy.SAFE_DUNDERS, policy.INTROSPECTION_ATTRIBUTES
+    hooks = policy.ATTRIBUTE_HOOKS
+    forbidden_builtins = frozenset(dir(builtins)) - policy.ALLOWED_BUILTINS
     harmless, generator_events = _HARMLESS_EVENTS, _GENERATOR_EVENTS
     getframe, str_type, type_of, dict_type = sys._getframe, str, type, dict
     is_identifier, is_keyword, encode = str.isidentifier, keyword.iskeyword, str.encode
@@ -496,12 +583,13 @@ def _audit_hook(strategy_code):
     pack, write, exit_now, cap, length = struct.pack, os.write, os._exit, MAX_REPLY_BYTES - 1, len
     base_exception = BaseException
     module_ran = [False]  # the one exec of the strategy's module
-    busy = [False]  # the hook's own sys._getframe calls raise events too
+    busy = [False]  # the hook's own frame walk raises events too (sys._getframe, frame.f_code)
+
+    def own_read(event, args) -> bool:
+        return event == "object.__getattr__" and length(args) > 1 and args[1] == "f_code"
 
     def allowed_name(name) -> bool:
-        if type_of(name) is not str_type:
-            return False
-        if name in introspection:
+        if type_of(name) is not str_type or name in introspection:
             return False
         return not (length(name) > 4 and starts(name, "__") and ends(name, "__")) or name in safe_dunders
 
@@ -510,30 +598,57 @@ def _audit_hook(strategy_code):
         write(WRITE_FD, pack("!H", length(payload)) + payload)
         exit_now(0)
 
-    def fields_checked(cls) -> bool:
-        """The fields dataclasses has collected for `cls` (what its generated source is written from) are Field
-        objects whose names are plain identifiers."""
-        namespace = fields_of(cls)
-        fields = namespace.get("__dataclass_fields__", {})
-        if type_of(fields) is not dict_type:
-            return False
-        for key, f in fields.items():
-            name = field_name(f) if type_of(f) is field_type else None
-            if name is not key or not allowed_name(name) or not is_identifier(name) or is_keyword(name):
-                return False
-        annotations = namespace.get("__annotations__", {})
-        if type_of(annotations) is not dict_type:
-            return False
-        for name in annotations:
-            if not allowed_name(name) or not is_identifier(name) or is_keyword(name):
+    def exact_keys(mapping) -> bool:
+        """Every key an exact str: looking one up then runs no __eq__ or __hash__ of the strategy's."""
+        for key in mapping:
+            if type_of(key) is not str_type:
                 return False
         return True
 
-    def generated(event, caller) -> bool:
-        """Whether an event comes from an allowed code generator working on a checked class (or is a frame look-up of
-        typing, collections or enum, which read their caller's module name and hand out no frame)."""
+    def checked_fields(cls):
+        """The names dataclasses has collected for `cls` (what its generated source is written from), when they are
+        Field objects with plain identifier names; else None."""
+        namespace = fields_of(cls)
+        if not exact_keys(namespace):
+            return None
+        fields = namespace.get("__dataclass_fields__", {})
+        annotations = namespace.get("__annotations__", {})
+        if type_of(fields) is not dict_type or type_of(annotations) is not dict_type or not exact_keys(annotations):
+            return None
+        names = []
+        for key in fields:
+            f = fields[key]
+            name = field_name(f) if type_of(f) is field_type and type_of(key) is str_type else None
+            if name is not key or not allowed_name(name) or not is_identifier(name) or is_keyword(name):
+                return None
+            names.append(name)
+        for name in annotations:
+            if not allowed_name(name) or not is_identifier(name) or is_keyword(name):
+                return None
+        return frozenset(names)
+
+    def generated_by_dataclasses(code, fields) -> bool:
+        """Every name the code uses is a checked field, dataclasses' own (__dataclass_*, _type_*, ...), or an
+        ordinary allowed name; never a builtin the contract refuses."""
+        pending = [code]
+        while pending:
+            c = pending.pop()
+            for group in (c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars):
+                for name in group:
+                    if name in fields or starts(name, "__dataclass_") or name == "__create_fn__":
+                        continue
+                    if name in forbidden_builtins or not (allowed_name(name) or name in hooks):
+                        return False
+            for const in c.co_consts:
+                if type_of(const) is code_type:
+                    pending.append(const)
+        return True
+
+    def generated(event, args, caller) -> bool:
+        """Whether an event comes from an allowed code generator working on a checked class, or is a frame look-up
+        of a stdlib function that reads its caller's module name and hands out no frame."""
         if event == "sys._getframe":
-            return caller.f_code.co_filename in frame_readers
+            return caller.f_code in frame_readers
         if caller.f_code in namedtuple_codes:
             return True
         if caller.f_code.co_filename not in generator_files:
@@ -544,28 +659,37 @@ def _audit_hook(strategy_code):
             if processing is None and code.co_name == "_process_class" and code.co_filename == dataclasses_file:
                 processing = f.f_locals.get("cls")
             elif code is wrapper_code:
-                return processing is not None and f.f_locals.get("cls") is processing and fields_checked(processing)
+                if processing is None or f.f_locals.get("cls") is not processing:
+                    return False
+                fields = checked_fields(processing)
+                if fields is None:
+                    return False
+                if event == "exec":
+                    return type_of(args[0]) is code_type and generated_by_dataclasses(args[0], fields)
+                return True
             f = f.f_back
         return False
 
     def hook(event, args):
-        if event in harmless or busy[0]:
-            return
+        if event in harmless or (busy[0] and (event == "sys._getframe" or own_read(event, args))):
+            return  # the events of the hook's own frame walk, and only those
         if event == "exec" and args and args[0] is strategy_code and not module_ran[0]:
             module_ran[0] = True
             return
         if event in ("object.__setattr__", "object.__delattr__") and length(args) > 1 and allowed_name(args[1]):
             return
         if event in generator_events:
-            busy[0] = True
+            was, busy[0] = busy[0], True
             try:
-                ok = generated(event, getframe(1))
+                ok = generated(event, args, getframe(1))
             except base_exception:
                 ok = False
-            busy[0] = False
+            busy[0] = was
             if ok:
                 return
-        detail = " " + args[1] if starts(event, "object.") and length(args) > 1 and type_of(args[1]) is str_type else ""
+        detail = ""
+        if starts(event, "object.") and length(args) > 1 and type_of(args[1]) is str_type:
+            detail = " " + args[1]
         report("run-time event " + event + detail)
 
     return hook

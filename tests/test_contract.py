@@ -130,6 +130,58 @@ HONEST = {
             empty = [Cell(r, c) for r, row in enumerate(board) for c, v in enumerate(row) if not v]
             return max(moves, key=lambda m: m.score).key if empty else "A"
     """,
+    "typing.overload and private names of its own": """
+        from typing import Union, overload
+        class Memo:
+            def __init__(self):
+                self._seen = {}
+                self.__hits = 0
+            def get(self, key):
+                self.__hits += 1
+                return self._seen.get(key)
+        @overload
+        def first(x: int) -> int: ...
+        @overload
+        def first(x: str) -> str: ...
+        def first(x: Union[int, str]):
+            return x
+        _CACHE = Memo()
+        def strategy(board):
+            return "A" if first(1) and _CACHE.get("k") is None else "S"
+    """,
+    "decorators, cached properties, metaclasses and type()": """
+        import functools
+        def counted(func):
+            @functools.wraps(func)
+            def inner(*args):
+                inner.calls += 1
+                return func(*args)
+            inner.calls = 0
+            return inner
+        class Registry(type):
+            seen = []
+            def __new__(mcs, name, bases, namespace):
+                cls = super().__new__(mcs, name, bases, namespace)
+                mcs.seen.append(name)
+                return cls
+        @functools.total_ordering
+        class Board(metaclass=Registry):
+            def __init__(self, rows):
+                self.rows = rows
+            @functools.cached_property
+            def empty(self):
+                return sum(v == 0 for row in self.rows for v in row)
+            def __eq__(self, other):
+                return self.empty == other.empty
+            def __lt__(self, other):
+                return self.empty < other.empty
+        Point = type("Point", (), {"x": 0, "norm": lambda self: abs(self.x)})
+        @counted
+        def strategy(board):
+            b = Board(board)
+            ok = isinstance(Board, type) and type(b) is Board and Registry.seen == ["Board"] and Point().norm() == 0
+            return "A" if ok and b.empty >= 0 and b <= b else "S"
+    """,
     "dataclasses, enum, abc, functools, time": """
         import abc, copy, dataclasses, enum, functools, statistics, time
         class Key(enum.Enum):
@@ -264,6 +316,63 @@ ESCAPES = {
             code = getattr(strategy, "__co" + "de__")
             return function(code, {})(board)
     """,
+    "any attribute through functools.update_wrapper": """
+        import functools
+        class Grab:
+            def __init__(self):
+                object.__setattr__(self, "got", {})
+            def __setattr__(self, name, value):
+                self.got[name] = value
+        def strategy(board):
+            g = Grab()
+            functools.update_wrapper(g, functools.update_wrapper, assigned=("__globals__",), updated=())
+            return g.got["__globals__"]["__builtins__"]["eval"]("'A'")
+    """,
+    "a type's descriptors through functools.cached_property": """
+        import collections, functools
+        def strategy(board):
+            cp = functools.cached_property(len)
+            cp.attrname = "__globals__"
+            globals_of = cp.__get__(type(strategy))
+            return globals_of.__get__(collections.namedtuple)["__builtins__"]["eval"]("'A'")
+    """,
+    "another module's namespace through Enum._convert_": """
+        import enum
+        def strategy(board):
+            leak = enum.Enum._convert_("Leak", "builtins", lambda name: name == "getattr")
+            return leak.getattr.value(strategy, "__globals__") and "A"
+    """,
+    "a dunder bound by a capture pattern in a class body": """
+        class Base:
+            match ("__traceback__",):
+                case __match_args__:
+                    pass
+        class Oops(Base, Exception):
+            pass
+        def strategy(board):
+            try:
+                raise Oops()
+            except Oops as e:
+                match e:
+                    case Base(tb):
+                        return "A" if tb else "S"
+    """,
+    "super() redirected by nonlocal __class__": """
+        import abc
+        def strategy(board):
+            __class__ = None
+            def poke():
+                nonlocal __class__
+                __class__ = abc.ABCMeta
+            poke()
+            return "A"
+    """,
+    "dunder keys in a class made by type()": """
+        import copy
+        def strategy(board):
+            X = type("X", (), {"__reduce_" + "ex__": lambda self, protocol: (list, ())})
+            return "A" if copy.copy(X()) == [] else "S"
+    """,
     "a metaclass that rewrites __match_args__ for a class pattern": """
         import abc
         class Meta(abc.ABCMeta):
@@ -318,6 +427,19 @@ AUDITED = {
     "a dataclass with no checked fields": "import dataclasses\nX = type('X', (), {'__annotations__': {'x': int}})\n"
     "dataclasses.dataclass(X)\nreturn 'A'",
     "caught": "try:\n    eval('1')\nexcept BaseException:\n    pass\nreturn 'A'",
+    # the hook never runs the strategy's code while it looks (a key whose __eq__ would run while it checks a class)
+    "code run inside the hook's own look-up": "import sys\nchecked = sys.modules['sandbox_child']._CHECKS['dataclass']\n"
+    "class Key:\n    def __hash__(self):\n        return hash('__dataclass_fields__')\n"
+    "    def __eq__(self, other):\n        eval('1')\n        return False\n"
+    "checked(type('C', (), {'__annotations__': {'x': int}, Key(): 0}))\nreturn 'A'",
+    # dataclasses' generator, called with text of our own while the checked wrapper processes a checked class
+    "our text through dataclasses' window": "import sys, dataclasses\n"
+    "checked = sys.modules['sandbox_child']._CHECKS['dataclass']\n"
+    "class Default:\n    def __get__(self, obj, owner=None):\n"
+    "        dataclasses._create_fn('f', [], ['return ().__class__.__base__.__subclasses__()'])\n        return 0\n"
+    "checked(type('C', (), {'__annotations__': {'x': int}, 'x': Default()}))\nreturn 'A'",
+    "a frame through an exempt module's caller": "import sys, collections\ncm = collections.ChainMap()\n"
+    "cm.__missing__ = sys._getframe\nreturn cm[0] and 'A'",
     "after replacing what the hook might use": "import builtins, sys\nbuiltins.len = builtins.isinstance = lambda *a: 0\n"
     "child = sys.modules['sandbox_child']\nchild._violation = child.reply_frame = child.policy = None\n"
     "return eval('\"A\"')",
