@@ -32,8 +32,8 @@ import rewards
 import sandbox
 import strategies
 
-warnings.filterwarnings("ignore", category=SyntaxWarning)
-DEFAULT_PRESET = Path(__file__).resolve().parent / "configs" / "gpt-oss-20b.yaml"  # train_2048.py's default  # the GPU set's torchao, at import: never ours to act on
+warnings.filterwarnings("ignore", category=SyntaxWarning)  # the GPU set's torchao, at import: never ours to act on
+DEFAULT_PRESET = Path(__file__).resolve().parent / "configs" / "gpt-oss-20b.yaml"  # train_2048.py's default
 
 
 def die(message: str) -> None:

@@ -17,6 +17,7 @@ request).
     python bench/gpu_check.py --tokenizer_dir gpt-oss-tokenizer          # a saved tokenizer, on a machine without it
     python bench/gpu_check.py --model unsloth/gpt-oss-20b --steps 10     # the real model (a download)
     python bench/gpu_check.py ... -- --fast_generation true              # anything after -- goes to train_2048.py
+    python bench/gpu_check.py --geometry 20b --workdir /dev/shm/w --build_only   # the model alone, for later runs
 
 Random weights rarely emit EOS, so every completion runs to max_completion_length: the worst case for step time.
 The full 20B geometry takes 42 GB on disk (--workdir; /dev/shm is fastest) and a merged_16bit save 42 GB more.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -93,6 +95,8 @@ def build_model(path: Path, geometry: str, layers: int | None, device: str, toke
 
     if (path / "config.json").exists():
         return path
+    part = path.with_name(path.name + ".part")  # renamed once whole: a killed build is never taken for a model
+    shutil.rmtree(part, ignore_errors=True)
     config = gpt_oss_config(geometry, layers, len(tokenizer))
     config.pad_token_id, config.eos_token_id, config.bos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id, None
     torch.manual_seed(0)
@@ -104,8 +108,10 @@ def build_model(path: Path, geometry: str, layers: int | None, device: str, toke
     finally:
         torch.set_default_dtype(previous)
     params = sum(p.numel() for p in model.parameters())
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    model.save_pretrained(part)
+    tokenizer.save_pretrained(part)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(part, path)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -172,7 +178,20 @@ def summarise(out: Path, skip: int) -> dict:
     result["save_checks"] = [line.split(" ", 3)[-1] for line in log.splitlines() if "verified " in line]
     result["save_problems"] = [line.split(" ", 3)[-1] for line in log.splitlines()
                                if " ERROR " in line or ("WARNING" in line and "final" in line)]  # fmt: skip
+    # Which generation path the run took: the fast one, or model.generate and why (issue 21 asks for the former on
+    # Unsloth's models, so a silent fallback must show here).
+    said = [line.split(" ", 3)[-1] for line in log.splitlines() if "generation: " in line or "fast generation" in line]
+    result["generation"] = list(dict.fromkeys(said))[:4]
+    backend = [line.split(" backend, writing to ")[0].rsplit(" ", 1)[-1] for line in log.splitlines()
+               if " backend, writing to " in line]  # fmt: skip
+    result["backend"] = backend[0] if backend else None
     return result
+
+
+def option(command: list[str], name: str, default):
+    """What train_2048.py gets for --name: the last value on its command line, else `default` (the preset's)."""
+    values = [command[i + 1] for i, arg in enumerate(command[:-1]) if arg == f"--{name}"]
+    return values[-1] if values else default
 
 
 def table(result: dict) -> str:
@@ -211,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", choices=("gpt-oss", "demo"), default="gpt-oss",
                         help="the built model's tokenizer: GPT-OSS's own (offline), or the CPU demo's")  # fmt: skip
     parser.add_argument("--tokenizer_dir", help="GPT-OSS's tokenizer from this folder (gpt_oss_tokenizer.py --save)")
+    parser.add_argument("--build_only", action="store_true",
+                        help="build the model in --workdir and stop: later runs with that --workdir reuse it")  # fmt: skip
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step is warm-up)")
@@ -218,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--tokenizer_dir is GPT-OSS's tokenizer: it goes with --tokenizer gpt-oss")
     if args.tokenizer_dir and not (Path(args.tokenizer_dir) / "tokenizer.json").exists():
         parser.error(f"--tokenizer_dir {args.tokenizer_dir}: no tokenizer.json there")
+    if args.build_only and (args.model or not args.workdir):
+        parser.error("--build_only builds random weights into --workdir: it needs --workdir and no --model")
     import torch
+    import yaml
 
     if not args.cpu and not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU here; --cpu checks the plumbing on a CPU", file=sys.stderr)
@@ -236,8 +260,12 @@ def main(argv: list[str] | None = None) -> int:
             name += "-demo-tokenizer" if tokenizer_kind == "demo" else ""
             print(f"tokenizer: {tokenizer_kind}, {len(tokenizer)} tokens; the default prompt is "
                   f"{prompt_tokens(tokenizer)} tokens at low reasoning effort")  # fmt: skip
+        started = time.monotonic()
         model = args.model or build_model(work / name, args.geometry, args.layers, "cpu" if args.cpu else "cuda",
                                           tokenizer)  # fmt: skip
+        if args.build_only:
+            print(f"gpu_check: the model is in {model} ({time.monotonic() - started:.0f} s)")
+            return 0
         out = work / "run"
         shutil.rmtree(out, ignore_errors=True)
         command = [sys.executable, str(ROOT / "train_2048.py"), "--config", str(preset), "--model_name_or_path",
@@ -251,14 +279,25 @@ def main(argv: list[str] | None = None) -> int:
         print("$ " + " ".join(command), flush=True)
         sampler = GPUSampler() if not args.cpu else None
         started = time.monotonic()
-        run = subprocess.run(command, cwd=ROOT, text=True, capture_output=True)
+        out.mkdir(parents=True)
+        with open(out / "console.txt", "w") as console:  # the child's output as it comes: a run cut off shows where
+            run = subprocess.run(command, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT)
         wall = time.monotonic() - started
         gpu = sampler.stop() if sampler else {}
+        said = (out / "console.txt").read_text(errors="replace")
         if run.returncode != 0 or not (out / "metrics.jsonl").exists():
-            print(run.stdout[-4000:] + run.stderr[-6000:])
+            print(said[-8000:])
             print(f"gpu_check: train_2048.py failed with exit status {run.returncode}", file=sys.stderr)
+            if args.json:  # a failed run still leaves a record for whoever collects the results
+                Path(args.json).write_text(json.dumps({"failed": True, "returncode": run.returncode, "command": command,
+                                                       "console_tail": said[-3000:]}, indent=1))  # fmt: skip
             return 1
         result = {**summarise(out, skip=1), **gpu, "wall_s": wall, "command": command}
+        defaults = yaml.safe_load(preset.read_text())
+        result.update(max_completion_length=int(option(command, "max_completion_length",
+                                                       defaults.get("max_completion_length"))),
+                      fast_generation=str(option(command, "fast_generation", False)).lower() == "true",
+                      save_method=args.save_method)  # fmt: skip
         result.update(geometry=args.geometry, layers=args.layers, preset=args.preset, tokenizer=tokenizer_kind,
                       device=torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.cpu else "cpu",
                       versions=versions())  # fmt: skip
@@ -267,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             print("save:", line)
         for line in result["save_problems"]:
             print("save problem:", line)
+        for line in result["generation"]:
+            print(line)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         return 0 if not result["save_problems"] and result["save_checks"] else 1
