@@ -179,8 +179,8 @@ def own_private_names(tree: ast.AST) -> frozenset[str]:
 
 
 def attribute_allowed(name: str) -> bool:
-    """An attribute name a strategy may read or write: no dunder outside SAFE_DUNDERS, no introspection. Private
-    names (`self.__memo`, mangled to `_Class__memo`) are ordinary attributes."""
+    """An attribute name a strategy may read or write: no dunder outside SAFE_DUNDERS, no introspection. (Private
+    names are judged against the code's own: own_private_names.)"""
     return name not in INTROSPECTION_ATTRIBUTES and (not is_dunder(name) or name in SAFE_DUNDERS)
 
 
@@ -245,6 +245,17 @@ _DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDe
                 ast.AnnAssign, ast.AugAssign, ast.Pass)  # fmt: skip
 
 
+def _top_level_names(node: ast.stmt) -> set[str]:
+    """The names a top-level statement binds in the module (a class's methods are its own)."""
+    if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+        return {node.name}
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return {alias.asname or alias.name.partition(".")[0] for alias in node.names}
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+        node, ast.AnnAssign | ast.AugAssign) else []  # fmt: skip
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
 def structure_problem(tree: ast.Module) -> str | None:
     """Why the module is not one the loader plays, or None: it must define `strategy` once, taking the board, with
     only definitions (and constant docstrings, and main guards) at the top level."""
@@ -253,8 +264,7 @@ def structure_problem(tree: ast.Module) -> str | None:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "strategy":
             strategies.append(node)
             continue
-        if isinstance(node, ast.ClassDef | ast.Assign | ast.AnnAssign | ast.AugAssign | ast.Import | ast.ImportFrom):
-            elsewhere += any(n == "strategy" for n in _bindings(node))
+        elsewhere += "strategy" in _top_level_names(node)
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             continue  # a docstring or a stray string
         elif not isinstance(node, _DEFINITIONS) and not _is_main_guard(node):

@@ -164,6 +164,8 @@ def test_judging_a_pathological_answer_takes_well_under_a_second(text):
         ("def strategy():\n    return 'W'\n", -0.5),  # takes no board
         ("def helper(board):\n    return 'W'\n", -2.0),  # no block defines strategy: nothing extracted
         ("class strategy:\n    pass\ndef strategy(board): pass\n", -0.5),
+        # a method called strategy is its class's own
+        ("class P:\n    def strategy(self, b):\n        return 'W'\ndef strategy(board):\n    return P().strategy(board)\n", 1.0),
         ("import functools\ndef strategy(board):\n    functools.singledispatch\n    return 'W'\n", -0.5),
         ("from typing import get_type_hints\ndef strategy(board):\n    return 'W'\n", -0.5),  # not in the sandbox
         ("def strategy(board):\n    return 'W'\n  oops\n", -2.0),  # syntax error
