@@ -374,11 +374,6 @@ def problems(tree: ast.Module) -> tuple[list[str], str | None]:
     return list(found), structure
 
 
-def violations(tree: ast.AST) -> list[str]:
-    """What the code uses that a strategy may not (see problems)."""
-    return problems(tree)[0]
-
-
 def _plain_object_or_super(node: ast.expr, bound: dict) -> bool:
     if isinstance(node, ast.Name):
         return node.id == "object" and "object" not in bound

@@ -184,11 +184,11 @@ def _idle() -> None:
 def _reporter():
     """A function that reports a violation of policy.py's contract and ends the process: never an exception the
     strategy could catch, and bound to what it uses, so rewriting this module's names does not disarm it."""
-    pack, write, exit_now, encode, cap = struct.pack, os.write, os._exit, str.encode, MAX_REPLY_BYTES - 1
+    pack, write, exit_now, encode, cap, length = struct.pack, os.write, os._exit, str.encode, MAX_REPLY_BYTES - 1, len
 
     def violation(what: str):
         payload = b"V" + encode(what, "utf-8", "replace")[:cap]
-        write(WRITE_FD, pack("!H", len(payload)) + payload)
+        write(WRITE_FD, pack("!H", length(payload)) + payload)
         exit_now(0)
 
     return violation
@@ -578,9 +578,9 @@ def _audit_hook(strategy_code):
     forbidden_builtins = frozenset(dir(builtins)) - policy.ALLOWED_BUILTINS
     harmless, generator_events = _HARMLESS_EVENTS, _GENERATOR_EVENTS
     getframe, str_type, type_of, dict_type = sys._getframe, str, type, dict
-    is_identifier, is_keyword, encode = str.isidentifier, keyword.iskeyword, str.encode
+    is_identifier, is_keyword = str.isidentifier, keyword.iskeyword
     starts, ends = str.startswith, str.endswith
-    pack, write, exit_now, cap, length = struct.pack, os.write, os._exit, MAX_REPLY_BYTES - 1, len
+    report, length = _violation, len  # _violation binds what it uses too (_reporter)
     base_exception = BaseException
     module_ran = [False]  # the one exec of the strategy's module
     busy = [False]  # the hook's own frame walk raises events too (sys._getframe, frame.f_code)
@@ -592,11 +592,6 @@ def _audit_hook(strategy_code):
         if type_of(name) is not str_type or name in introspection:
             return False
         return not (length(name) > 4 and starts(name, "__") and ends(name, "__")) or name in safe_dunders
-
-    def report(what: str) -> None:
-        payload = b"V" + encode(what, "utf-8", "replace")[:cap]
-        write(WRITE_FD, pack("!H", length(payload)) + payload)
-        exit_now(0)
 
     def exact_keys(mapping) -> bool:
         """Every key an exact str: looking one up then runs no __eq__ or __hash__ of the strategy's."""
