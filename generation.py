@@ -51,7 +51,6 @@ import inspect
 import logging
 import os
 import sys
-import warnings
 import weakref
 from dataclasses import dataclass, field
 
@@ -65,6 +64,7 @@ CACHE_ROUNDING = 256  # cache length granularity: fewer shapes, fewer recompiles
 # transformers model -> its _Plan, or the reason it has none (weak keys: a released model is not kept alive)
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _WARNED: set[str] = set()
+_LAST_PATH = ""  # last_path()
 
 
 @dataclass
@@ -128,6 +128,8 @@ def generate(model, input_ids, attention_mask=None, generation_config=None) -> t
     def fallback():
         return model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config)
 
+    global _LAST_PATH
+    _LAST_PATH = "model.generate"
     if os.environ.get("FAST_GENERATE", "1") == "0":
         return fallback()
     try:
@@ -138,13 +140,20 @@ def generate(model, input_ids, attention_mask=None, generation_config=None) -> t
         return fallback()
     try:
         with torch.no_grad():
-            return _sample(plan, input_ids, attention_mask, settings)
+            out = _sample(plan, input_ids, attention_mask, settings)
     except Exception as error:  # noqa: BLE001
         _PLANS[plan.base()] = f"failed: {_reason(error)}"  # do not retry a failing path at every step
         plan.cache = None
         _warn_once("fallback", f"fast generation failed ({_reason(error)}); using model.generate from now on")
         log.debug("fast generation failed", exc_info=True)
         return fallback()
+    _LAST_PATH = "fast"
+    return out
+
+
+def last_path() -> str:
+    """Which path served this process's latest `generate` call: "fast", or "model.generate" (a fallback)."""
+    return _LAST_PATH
 
 
 def prepare(model) -> bool:
@@ -477,16 +486,17 @@ def _prefill(plan: _Plan, input_ids, attention_mask, new_tokens: int, keep: bool
     # Gradient checkpointing in training mode (TRL generates in training mode) drops the cache
     # (utils/generic.py:1029-1033, modeling_layers.py GradientCheckpointingLayer.__call__), and generate then
     # recomputes the whole sequence at every step. Without gradients there is nothing to checkpoint: off for the
-    # prefill, so that it fills a cache.
-    checkpointing = [module for module in plan.checkpointing if module.gradient_checkpointing is True]
+    # prefill, so that it fills a cache. Any true value switches it on: Unsloth's for_training writes "unsloth".
+    checkpointing = [(module, module.gradient_checkpointing) for module in plan.checkpointing
+                     if module.gradient_checkpointing]  # fmt: skip
     try:
-        for module in checkpointing:
+        for module, _ in checkpointing:
             module.gradient_checkpointing = False
         outputs = base(input_ids=input_ids, attention_mask=attention_mask, past_key_values=DynamicCache(
             config=base.config), use_cache=True, return_dict=True, **kwargs)  # fmt: skip
     finally:
-        for module in checkpointing:
-            module.gradient_checkpointing = True
+        for module, value in checkpointing:
+            module.gradient_checkpointing = value
     layers = getattr(outputs.past_key_values, "layers", None)
     if layers is None or len(layers) != len(plan.layers) or any(layer.keys is None for layer in layers):
         raise NotImplementedError(f"the prefill filled no usable cache ({type(outputs.past_key_values).__name__})")
@@ -716,8 +726,10 @@ def _reason(error: Exception) -> str:
 
 
 def _warn_once(kind: str, message: str) -> None:
-    """One warning per kind ("fallback", "compile") per process; the rest goes to the debug log."""
-    log.debug(message)
-    if kind not in _WARNED:
-        _WARNED.add(kind)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    """One WARNING line per kind ("fallback", "compile") per process (in training.log and on the console under
+    train_2048); the rest goes to the debug log."""
+    if kind in _WARNED:
+        log.debug(message)
+        return
+    _WARNED.add(kind)
+    log.warning(message)

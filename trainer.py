@@ -21,9 +21,9 @@ from accelerate.utils import broadcast_object_list, gather_object
 from transformers import ProgressCallback, TrainerCallback
 from transformers.trainer_callback import ExportableState
 from trl import GRPOTrainer
-from trl.models import unwrap_model_for_generation
 
 import evaluation
+import generation
 import rewards
 
 log = logging.getLogger("train_2048")
@@ -37,7 +37,8 @@ class GameGRPOTrainer(GRPOTrainer):
     and torch's random state are left as they were, so a run with evaluations trains exactly like one without.
 
     Each training log also gets the step's time split (time/generate_s, time/rewards_s, time/optimizer_s, and the
-    rest: log-probs, loss and backward) and, on a GPU, the peak memory.
+    rest: log-probs, loss and backward), on a GPU the peak memory, and generation/fast_path: the share of the step's
+    generations that our decode loop served (1: all of them; 0: TRL's model.generate, by choice or by fallback).
     """
 
     def __init__(self, *args, settings, eval_samples: int, eval_games: int, times: StepTimes, generate=None, **kwargs):
@@ -45,7 +46,26 @@ class GameGRPOTrainer(GRPOTrainer):
         self.settings, self.eval_samples, self.eval_games = settings, eval_samples, eval_games
         self.fast_generate = generate  # generation.generate, or None for TRL's own path
         self.times = times  # also counts the rewards' time (timed_reward)
+        self.generations = {"fast": 0, "all": 0}  # since the last training log: generation/fast_path
         self.add_callback(times)
+
+    def unwrap_for_generation(self):
+        """The context TRL generates in, looked up where Unsloth replaces it (trl.trainer.grpo_trainer, not
+        trl.models): on the Unsloth backend its for_inference / for_training then wrap our generation too, so the
+        fast path sees the model as Unsloth's own generate does."""
+        import trl.trainer.grpo_trainer as trl_grpo
+
+        return trl_grpo.unwrap_model_for_generation(
+            self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+            generation_kwargs=self.generation_kwargs,
+        )  # fmt: skip
+
+    def prepare_fast_generation(self) -> str:
+        """Build and self-check the fast path in the state rollouts will see it in (inside unwrap_for_generation),
+        before the first step; returns generation.describe's line."""
+        with self.unwrap_for_generation() as model, torch.no_grad():
+            generation.prepare(model)
+            return generation.describe(model)
 
     # --- evaluation -----------------------------------------------------------------------------------------
 
@@ -57,12 +77,10 @@ class GameGRPOTrainer(GRPOTrainer):
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         rounds = math.ceil(len(sizes) / world)  # every process generates as often (FSDP and ZeRO-3 run in lockstep)
         mine = {}
-        with unwrap_model_for_generation(
-            self.model_wrapped, self.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation
-        ) as model:
-            was_training = model.training
-            model.eval()
-            try:
+        was_training = self.model.training
+        try:
+            with self.unwrap_for_generation() as model:
+                model.eval()
                 inputs = evaluation.prompt_inputs(self.processing_class, self.settings, chat_kwargs)
                 for r in range(rounds):
                     index = r * world + rank
@@ -74,8 +92,8 @@ class GameGRPOTrainer(GRPOTrainer):
                     )  # fmt: skip
                     if index < len(sizes):
                         mine[index] = evaluation.decode(self.processing_class, ids)
-            finally:
-                model.train(was_training)
+        finally:
+            self.model.train(was_training)  # after the unwrap: Unsloth's for_training on leaving it sets training mode
         batches = {}
         for part in gather_object([mine]) if world > 1 else [mine]:
             batches.update(part)
@@ -100,15 +118,22 @@ class GameGRPOTrainer(GRPOTrainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training and "loss" in logs:  # a training log: add the time split since the last one
             logs.update(self.times.pop())
+            if self.generations["all"]:
+                logs["generation/fast_path"] = self.generations["fast"] / self.generations["all"]
+            self.generations = {"fast": 0, "all": 0}
         super().log(logs, start_time)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, has_tool_images=False):
-        # The one override of a TRL internal (pinned trl==1.14.0): the fast path for plain text generation, and the
-        # generation time of the step split. Anything else (vLLM, images, tools) is TRL's own path.
+        # The one override of a TRL internal (pinned trl==1.14.0, and Unsloth's rewrite of it, which `_generate`
+        # calls the same way: tests/unsloth): the fast path for plain text generation, and the generation time of the
+        # step split. Anything else (vLLM, images, tools) is TRL's own path.
         with self.times.timing("generate"):
+            self.generations["all"] += 1
             if self.fast_generate is None or self.use_vllm or images or multimodal_fields or self.tools:
                 return super()._generate_single_turn(prompt_ids, images, multimodal_fields, has_tool_images)
-            return self._fast_generate(prompt_ids)
+            out = self._fast_generate(prompt_ids)
+            self.generations["fast"] += generation.last_path() == "fast"
+            return out
 
     def _fast_generate(self, prompt_ids):
         """TRL's regular generation path (left-padded prompts, everything after the first EOS cut) with our
@@ -119,12 +144,7 @@ class GameGRPOTrainer(GRPOTrainer):
         prompts = [torch.tensor(ids) for ids in prompt_ids]
         input_ids = pad(prompts, padding_value=tokenizer.pad_token_id, padding_side="left").to(self.accelerator.device)
         attention_mask = pad([torch.ones_like(t) for t in prompts], padding_value=0, padding_side="left")
-        with (
-            unwrap_model_for_generation(
-                self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
-            ) as model,
-            torch.no_grad(),
-        ):
+        with self.unwrap_for_generation() as model, torch.no_grad():
             out = self.fast_generate(model, input_ids, attention_mask.to(input_ids.device), self.generation_config)
         completions = []
         for row in out[:, input_ids.size(1) :].tolist():

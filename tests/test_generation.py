@@ -2,7 +2,8 @@
 sampling, with and without LoRA (on the fused GPT-OSS experts too), EOS and early stop, the fallbacks, and a decode
 step that torch.compile traces whole (fullgraph, a cheap backend: no code generation on the CPU)."""
 
-import warnings
+import contextlib
+import logging
 
 import pytest
 import torch
@@ -72,14 +73,27 @@ def prompts(batch=3, length=12, seed=0):
     return ids.masked_fill(mask == 0, PAD), mask
 
 
+@contextlib.contextmanager
+def warnings_logged():
+    """The WARNING lines generation.py logs inside the block (its fallbacks say why there, once per process)."""
+    caught = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: caught.append(record.getMessage())
+    generation.log.addHandler(handler)
+    try:
+        yield caught
+    finally:
+        generation.log.removeHandler(handler)
+
+
 def both(model, ids, mask, config):
-    """(model.generate's output, ours), each from the same seed."""
+    """(model.generate's output, ours), each from the same seed; ours must come from the fast path."""
     torch.manual_seed(123)
     expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     torch.manual_seed(123)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)  # the fast path must not fall back here
+    with warnings_logged() as caught:
         got = generation.generate(model, ids, mask, config)
+    assert caught == [] and generation.last_path() == "fast"  # the fast path must not fall back here
     return expected, got
 
 
@@ -247,7 +261,9 @@ def test_decode_step_compiles_to_one_graph(monkeypatch, kernel, dtype):
     counters.clear()
     model = with_lora(gpt_oss(dtype=dtype), **LORA_GPT_OSS)
     ids, mask = prompts()
-    compiled = generation.generate(model, ids, mask, greedy(new_tokens=6))  # warnings are errors: no fallback
+    with warnings_logged() as caught:
+        compiled = generation.generate(model, ids, mask, greedy(new_tokens=6))
+    assert caught == [] and generation.last_path() == "fast"
     generation.generate(model, *prompts(length=7, seed=3), greedy(new_tokens=5))
     assert generation.describe(model) == f"fast ({kernel} experts, compile=aot_eager, step compiled)"
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
@@ -258,17 +274,35 @@ def test_decode_step_compiles_to_one_graph(monkeypatch, kernel, dtype):
     torch._dynamo.reset()
 
 
+def test_unsloth_checkpointing_flags_keep_the_fast_path():
+    """Unsloth's for_training writes the string "unsloth" into every gradient_checkpointing flag. In training mode
+    (TRL generates in training mode) the prefill must still fill a cache, and the flags come back as they were."""
+    model = with_lora(gpt_oss(), **LORA_GPT_OSS)
+    model.gradient_checkpointing_enable()  # installs the checkpoint function, as Unsloth's for_training does
+    flagged = [module for module in model.modules() if hasattr(module, "gradient_checkpointing")]
+    for module in flagged:
+        module.gradient_checkpointing = "unsloth"
+    ids, mask = prompts()
+    model.eval()  # the reference: model.generate with its cache (in training mode checkpointing drops it)
+    expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=greedy(new_tokens=6))
+    model.train()
+    with warnings_logged() as caught:
+        got = generation.generate(model, ids, mask, greedy(new_tokens=6))
+    assert caught == [] and generation.last_path() == "fast" and torch.equal(got, expected)
+    assert flagged and all(module.gradient_checkpointing == "unsloth" for module in flagged)
+
+
 # --- falling back to model.generate -----------------------------------------------------------------------------
 
 
 def fallback_warnings(model, ids, mask, config, calls=2):
-    """Outputs of `calls` calls, each checked equal to model.generate's, and the RuntimeWarnings they raised."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    """Outputs of `calls` calls, each checked equal to model.generate's, and the WARNING lines they logged."""
+    with warnings_logged() as caught:
         for _ in range(calls):
             expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
             assert torch.equal(generation.generate(model, ids, mask, config), expected)
-    return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+            assert generation.last_path() in ("fast", "model.generate")
+    return caught
 
 
 @pytest.mark.parametrize(
@@ -279,6 +313,7 @@ def test_unsupported_options_fall_back_with_one_warning(options, reason):
     model = gpt_oss()
     caught = fallback_warnings(model, *prompts(), greedy(new_tokens=5, **options))
     assert len(caught) == 1 and reason in caught[0] and "model.generate" in caught[0]
+    assert generation.last_path() == "model.generate"
 
 
 def test_a_failure_inside_the_fast_path_falls_back(monkeypatch):
@@ -323,9 +358,8 @@ def test_active_dropout_falls_back_until_eval():
     model = with_lora(llama(), lora_dropout=0.1, **LORA_LLAMA)
     ids, mask = prompts()
     model.train()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings_logged() as caught:
         generation.generate(model, ids, mask, greedy(new_tokens=4))
-    assert any("dropout" in str(w.message) for w in caught)
+    assert any("dropout" in line for line in caught) and generation.last_path() == "model.generate"
     model.eval()
     assert torch.equal(*both(model, ids, mask, greedy(new_tokens=4)))
