@@ -143,17 +143,25 @@ def file_source(path: str) -> evaluation.Source:
 
 def load_model(args: EvalArguments):
     """(model, tokenizer) from local files: a full model, or a base model with the LoRA adapter on top."""
+    import torch
+    import transformers
+    from trl import ModelConfig
+
+    import models
+
     base = args.model
     if args.adapter is not None and base is None:
         config = json.loads((Path(args.adapter) / "adapter_config.json").read_text())
         base = config.get("base_model_name_or_path")
         if not base:
             die(f"--adapter {args.adapter}: adapter_config.json names no base model; pass --model")
-    import torch
-    import transformers
-    from trl import ModelConfig
-
-    import models
+        if base in models.FUSED_CHECKPOINT:  # a default run's: Unsloth's split 4-bit checkpoint
+            print(f"evaluate_2048: {base} stores GPT-OSS's experts split for Unsloth's 4-bit classes; evaluating on "
+                  f"the same model in transformers' layout, {models.FUSED_CHECKPOINT[base]} (--model picks another)")  # fmt: skip
+            base = models.FUSED_CHECKPOINT[base]
+        elif args.adapter is not None and split_checkpoint(base):
+            die(f"--adapter {args.adapter}: its base {base} stores GPT-OSS's experts split (Unsloth's 4-bit layout), "
+                "which transformers cannot load; pass --model with the same weights in transformers' layout")
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -167,8 +175,26 @@ def load_model(args: EvalArguments):
         )
     except Exception as exc:  # not a model folder, not in the cache, a broken adapter: all the user's to fix
         die(f"cannot load model {base}{' with adapter ' + args.adapter if args.adapter else ''}: {one_line(exc)}")
+    if args.adapter is not None and models.split_expert_lora(args.adapter):
+        print(f"evaluate_2048: {args.adapter} holds a LoRA per expert (Unsloth's split layout, a default run's): "
+              "mapped onto the fused expert tensors of transformers' GPT-OSS, the same function")  # fmt: skip
     model.eval()
     return model, tokenizer
+
+
+def split_checkpoint(folder: str) -> bool:
+    """A local checkpoint whose tensors are Unsloth's split experts (gate_up_projs.<e>), not transformers' fused ones."""
+    index = Path(folder) / "model.safetensors.index.json"
+    if index.is_file():
+        names = json.loads(index.read_text()).get("weight_map", {})
+    else:
+        from safetensors import safe_open
+
+        names = []
+        for shard in Path(folder).glob("*.safetensors") if Path(folder).is_dir() else []:
+            with safe_open(str(shard), framework="pt") as f:
+                names += list(f.keys())  # noqa: SIM118 (safe_open has keys(), no iteration)
+    return any(".experts.gate_up_projs." in name for name in names)
 
 
 def model_sources(args, settings, progress, only_adapter: bool = False) -> list[evaluation.Source]:

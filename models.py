@@ -7,9 +7,14 @@ elsewhere); evaluate_2048.py loads a base model with saved adapters, or a merged
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger("train_2048.models")
@@ -20,6 +25,24 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )  # other variables (gpt-oss's reasoning_effort) are accepted and unused
 GPT_OSS_EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]  # fused tensors, not Linear layers
+# GPT-OSS's experts come in two layouts. transformers fuses each layer's experts into tensors: mlp.experts.gate_up_proj
+# (experts, hidden, 2*inner), down_proj (experts, inner, hidden), their biases, and the router as mlp.router.weight/bias.
+# Unsloth's 4-bit checkpoint, the default's (unsloth/gpt-oss-20b-unsloth-bnb-4bit), splits them into one Linear per
+# expert so that bitsandbytes can quantize each (unsloth_zoo's GptOssExpertsBnb4bit): mlp.experts.gate_up_projs.<e>
+# (weight (2*inner, hidden), bias), down_projs.<e> (weight (hidden, inner), bias), the router as mlp.router.linear.
+# Unsloth puts a default run's expert LoRA on those Linears (target_modules gate_up_projs.<e>, down_projs.<e>).
+GPT_OSS_FUSED = ("gate_up_proj", "down_proj")
+SPLIT_EXPERT = re.compile(r"(?P<experts>.*\.experts)\.(?P<kind>gate_up_projs|down_projs)\.(?P<index>\d+)$")
+# Unsloth's split 4-bit checkpoints, and the same weights in transformers' fused layout (which evaluation can load)
+FUSED_CHECKPOINT = {
+    "unsloth/gpt-oss-20b-unsloth-bnb-4bit": "unsloth/gpt-oss-20b-BF16",
+    "unsloth/gpt-oss-120b-unsloth-bnb-4bit": "unsloth/gpt-oss-120b-BF16",
+}
+# A merged checkpoint is the trained model when its next-token distributions are within this mean KL divergence (nats
+# per token) of the trained model's, and closer to them than a tenth of how far the adapters move the base: 16-bit
+# rounding of the merge moves them by far less (0.00016 on the tiny test model, against 0.024 for its adapters; 4-bit
+# to 16-bit is measured on a GPU by bench/gpu_matrix.sh), a merge that lost some of the LoRA by more.
+MERGED_KL_TOLERANCE = 0.01
 
 
 def fresh(path: Path) -> Path:
@@ -150,7 +173,7 @@ def _load_unsloth(path, model_args, trainable, max_seq_length, offload_embedding
             model,
             r=model_args.lora_r,
             lora_alpha=model_args.lora_alpha,
-            lora_dropout=model_args.lora_dropout,
+            lora_dropout=lora_dropout(model, model_args.lora_target_modules, model_args.lora_dropout),
             target_modules=model_args.lora_target_modules,  # Unsloth maps gate/up/down_proj onto GPT-OSS's experts
             use_gradient_checkpointing="unsloth" if gradient_checkpointing else False,
             random_state=seed,
@@ -183,6 +206,8 @@ def _load_transformers(path, model_args, adapter, trainable, device_map, local_f
         local_files_only=local_files_only,
         trust_remote_code=trust_remote_code,
     )
+    if adapter is not None and split_expert_lora(adapter):
+        return attach_split_expert_lora(model, Path(adapter)), tokenizer
     if adapter is not None:
         return PeftModel.from_pretrained(model, adapter, local_files_only=local_files_only), tokenizer
     if not (trainable and model_args.use_peft):
@@ -197,10 +222,122 @@ def _load_transformers(path, model_args, adapter, trainable, device_map, local_f
         # transformers fuses each layer's experts into two tensors, not Linear layers: LoRA reaches them by name
         peft_config.target_modules = set(peft_config.target_modules) - fused
         peft_config.target_parameters = GPT_OSS_EXPERTS
-        if peft_config.lora_dropout:
-            log.warning("LoRA on GPT-OSS's fused experts cannot use dropout: lora_dropout set to 0")
-            peft_config.lora_dropout = 0.0
+        peft_config.lora_dropout = lora_dropout(model, fused, peft_config.lora_dropout)
     return get_peft_model(model, peft_config), tokenizer
+
+
+def lora_dropout(model, targets, dropout: float) -> float:
+    """The LoRA dropout both backends use: PEFT cannot apply dropout to a LoRA on a tensor (GPT-OSS's fused experts,
+    reached as target parameters), so there it is 0, with one warning; Unsloth's split experts are Linear layers and
+    keep it."""
+    experts = {"gate_proj", "up_proj", "down_proj", "gate_up_proj"}
+    if dropout and experts_layout(model) == "fused" and experts & set(targets or ()):
+        log.warning("LoRA on GPT-OSS's fused experts cannot use dropout: lora_dropout set to 0")
+        return 0.0
+    return dropout
+
+
+def experts_layout(model) -> str | None:
+    """"fused" (transformers' expert tensors), "split" (Unsloth's Linear per expert), or None (no experts we know)."""
+    import torch
+
+    for name, module in model.named_modules():
+        if name.endswith("mlp.experts"):
+            while hasattr(module, "parameter_name") and hasattr(module, "base_layer"):  # PEFT's LoRA on a tensor
+                module = module.base_layer
+            if hasattr(module, "gate_up_projs"):
+                return "split"
+            if isinstance(getattr(module, "gate_up_proj", None), torch.Tensor):
+                return "fused"
+    return None
+
+
+def describe_experts(model) -> str:
+    """One line for training.log: the expert layout loaded and how many expert weights carry a LoRA, so that a run
+    (and the GPU check) says which path it trains."""
+    layout = experts_layout(model)
+    if layout == "split":
+        lora = sum(1 for name, m in model.named_modules() if SPLIT_EXPERT.match(name) and hasattr(m, "lora_A"))
+        return f"GPT-OSS experts split, a Linear per expert (Unsloth's 4-bit layout); LoRA on {lora} of them"
+    if layout == "fused":
+        lora = sum(1 for _, m in model.named_modules() if getattr(m, "parameter_name", None) in GPT_OSS_FUSED)
+        return f"GPT-OSS experts fused into tensors (transformers' layout); LoRA on {lora} expert tensors"
+    return "no GPT-OSS experts"
+
+
+# --- GPT-OSS's split experts (Unsloth's 4-bit layout) and transformers' fused ones ----------------------------------
+
+
+def split_experts(state_dict: dict) -> dict:
+    """A fused GPT-OSS state dict in the layout of Unsloth's 4-bit checkpoint (a Linear per expert, the router as
+    router.linear): what the GPU check builds so that it times the model `python train_2048.py` loads."""
+    split = {}
+    for name, tensor in state_dict.items():
+        owner, _, leaf = name.rpartition(".")
+        if owner.endswith(".experts") and leaf in GPT_OSS_FUSED:
+            split.update({f"{owner}.{leaf}s.{e}.weight": w.t().contiguous() for e, w in enumerate(tensor)})
+        elif owner.endswith(".experts") and leaf.removesuffix("_bias") in GPT_OSS_FUSED:
+            split.update({f"{owner}.{leaf.removesuffix('_bias')}s.{e}.bias": b.clone() for e, b in enumerate(tensor)})
+        elif owner.endswith(".router") and leaf in ("weight", "bias"):
+            split[f"{owner}.linear.{leaf}"] = tensor
+        else:
+            split[name] = tensor
+    return split
+
+
+def split_expert_lora(adapter) -> bool:
+    """True for an adapter trained on Unsloth's split experts (a default run's): LoRA on gate_up_projs.<e> and
+    down_projs.<e>, which transformers' fused experts do not have."""
+    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    targets = config.get("target_modules") or []
+    if isinstance(targets, str):
+        return "gate_up_projs" in targets or "down_projs" in targets
+    return any(re.fullmatch(r"(gate_up_projs|down_projs)\.\d+", t) for t in targets)
+
+
+def attach_split_expert_lora(model, folder: Path):
+    """A split-expert adapter on a model with fused experts, as the same function: the attention LoRA as saved, and
+    each expert's LoRA (A_e: r x in, B_e: out x r, on the Linear W_e = fused[e].T) written into PEFT's LoRA on the fused
+    tensor, which keeps a rank-r pair per expert (lora_A rows e*r..e*r+r-1, lora_B columns r_i*experts + e)."""
+    import torch
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    config = json.loads((folder / "adapter_config.json").read_text())
+    targets = config.get("target_modules") or []
+    if isinstance(targets, str):
+        raise ValueError(f"{folder}: expert LoRA given as a pattern ({targets[:80]}); only a list can be mapped")
+    kinds = sorted({t.split(".")[0] for t in targets if re.fullmatch(r"(gate_up_projs|down_projs)\.\d+", t)})
+    fused = LoraConfig(
+        r=config["r"], lora_alpha=config["lora_alpha"], use_rslora=config.get("use_rslora", False),
+        target_modules=[t for t in targets if not re.fullmatch(r"(gate_up_projs|down_projs)\.\d+", t)],
+        target_parameters=[f"mlp.experts.{kind.removesuffix('s')}" for kind in kinds],
+        lora_dropout=0.0, bias=config.get("bias", "none"), task_type=config.get("task_type"),
+    )  # fmt: skip
+    peft_model = get_peft_model(model, fused)
+    saved = load_file(str(folder / "adapter_model.safetensors"))
+    experts = {k: v for k, v in saved.items() if SPLIT_EXPERT.match(k.removesuffix(".weight").rpartition(".lora_")[0])}
+    loaded = set_peft_model_state_dict(peft_model, {k: v for k, v in saved.items() if k not in experts})
+    if loaded.unexpected_keys:
+        raise ValueError(f"{folder}: {len(loaded.unexpected_keys)} saved tensors fit no module: {loaded.unexpected_keys[:3]}")
+    used = set()
+    with torch.no_grad():
+        for name, module in peft_model.named_modules():
+            if getattr(module, "parameter_name", None) not in GPT_OSS_FUSED:
+                continue
+            owner = re.sub(r"(\.base_layer)+$", "", name)  # ParamWrappers nest: experts.base_layer...
+            count = module.num_experts
+            lora_a = module.lora_A["default"].weight.view(count, -1, module.in_features)  # (experts, r, in)
+            lora_b = module.lora_B["default"].weight.view(module.out_features, -1, count)  # (out, r, experts)
+            for e in range(count):
+                key = f"{owner}.{module.parameter_name}s.{e}.lora_"
+                lora_a[e].copy_(experts[key + "A.weight"])
+                lora_b[:, :, e].copy_(experts[key + "B.weight"])
+                used |= {key + "A.weight", key + "B.weight"}
+    if unused := sorted(experts.keys() - used):
+        raise ValueError(f"{folder}: {len(unused)} expert LoRA tensors fit no fused expert tensor: {unused[:3]}")
+    log.info(f"{folder}: the LoRA of {len(used) // 2} split experts mapped onto the fused expert tensors")
+    return peft_model
 
 
 # --- saving, and proving the save ------------------------------------------------------------------------------
@@ -208,16 +345,17 @@ def _load_transformers(path, model_args, adapter, trainable, device_map, local_f
 
 def save_and_verify(trainer, tokenizer, *, save_method: str, verify: bool, use_peft: bool, backend: str,
                     prompt_inputs, seed: int, output_dir: Path) -> bool:  # fmt: skip
-    """LoRA adapters (and the tokenizer) to <output_dir>/final always; a merged model to final-<save_method> on
+    """LoRA adapters (and the tokenizer) to <output_dir>/final always; a merged 16-bit model to final-merged_16bit on
     request. With `verify`, each save is checked against the trained model without a second copy of the base:
 
     - final/: its tensors must equal the trained adapters exactly, and, loaded beside them as a second adapter of
       the same model, it must sample the same seeded tokens;
-    - final-merged_16bit/ on transformers: every saved tensor must equal the merged model's in memory, read shard
-      by shard;
-    - final-<method>/ on Unsloth (merged by Unsloth straight to disk): seeded samples of the trained model are taken
-      first, the trained model is released, the merged checkpoint is loaded alone and must sample the same (4-bit and
-      16-bit kernels can differ in low bits, so there a mismatch is a warning to look at).
+    - final-merged_16bit/ on transformers (merged in memory): every saved tensor must equal the merged model's, read
+      shard by shard;
+    - final-merged_16bit/ on Unsloth (merged by Unsloth straight to disk, from 4-bit or 16-bit weights): the trained
+      model's next-token distributions on its own seeded samples are taken first, the trained model is released, and
+      a fresh process loads the checkpoint with transformers' own classes (Unsloth swaps GPT-OSS's expert classes
+      process-wide): every tensor must load, and its distributions must be within MERGED_KL_TOLERANCE.
 
     Returns False when a check fails. Every process calls this (sharded models save together); the main writes.
     """
@@ -244,14 +382,14 @@ def save_and_verify(trainer, tokenizer, *, save_method: str, verify: bool, use_p
     merged_dir = output_dir / f"final-{save_method}"
     tmp = fresh(merged_dir)
     if backend == "unsloth":
-        expected = _samples(model, tokenizer, prompt_inputs, seed) if verify else None
+        reference = reference_logprobs(model, tokenizer, prompt_inputs, seed) if verify else None
         model.save_pretrained_merged(str(tmp), tokenizer, save_method=save_method)
         publish(tmp, merged_dir)
         log.info(f"saved the merged model ({save_method}) to {merged_dir}")
         if verify:
             del model
             release(trainer)
-            ok &= verify_by_reload(merged_dir, tokenizer, prompt_inputs, seed, expected)
+            ok &= verify_merged(merged_dir, reference)
         return ok
     import torch
 
@@ -362,24 +500,91 @@ def release(trainer) -> None:
     _empty_cuda_cache()
 
 
-def verify_by_reload(folder: Path, tokenizer, prompt_inputs, seed: int, expected: list[list[int]]) -> bool:
-    """Load a merged checkpoint alone (transformers) and compare its seeded samples with the trained model's."""
-    import torch
-    from trl import ModelConfig
+# --- a merged checkpoint, checked in a fresh process ---------------------------------------------------------------
 
-    try:
-        model, _ = load_model(str(folder), ModelConfig(model_name_or_path=str(folder), dtype="auto"),
-                              device_map={"": 0} if torch.cuda.is_available() else None)  # fmt: skip
-    except Exception as exc:
-        log.warning(f"{folder}: could not be loaded back to check it ({type(exc).__name__}: {exc})")
+
+def reference_logprobs(model, tokenizer, prompt_inputs, seed: int, rows: int = 2) -> dict:
+    """What a merged checkpoint is checked against: the trained model's log-probabilities at every position of its own
+    seeded completions, and the same with the adapters switched off (how far the LoRA moves them), on the CPU."""
+    import torch
+
+    prompt = prompt_inputs["input_ids"][0].tolist()
+    sequences = [prompt + completion for completion in _samples(model, tokenizer, prompt_inputs, seed)[:rows]]
+    trained = _logprobs(model, sequences, len(prompt))
+    with model.disable_adapter() if hasattr(model, "disable_adapter") else torch.no_grad():
+        base = _logprobs(model, sequences, len(prompt))
+    return {"sequences": sequences, "start": len(prompt), "trained": trained, "base": base}
+
+
+def _logprobs(model, sequences: list[list[int]], start: int) -> list:
+    """Log-softmax of the next-token logits at positions start-1 .. end-2 of each sequence (float32, on the CPU)."""
+    import torch
+
+    device = next(p for p in model.parameters() if p.device.type != "meta").device
+    out = []
+    with torch.no_grad():
+        for ids in sequences:
+            logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, start - 1 : len(ids) - 1]
+            out.append(torch.log_softmax(logits.float(), dim=-1).cpu())
+    return out
+
+
+def mean_kl(reference: list, other: list) -> float:
+    """Mean KL(reference || other) per position, in nats."""
+    total = sum(float((p.exp() * (p - q)).sum()) for p, q in zip(reference, other))
+    return total / max(1, sum(p.shape[0] for p in reference))
+
+
+def verify_merged(folder: Path, reference: dict) -> bool:
+    """Load `folder` alone in a fresh process with transformers' own classes (not Unsloth's, which replace GPT-OSS's
+    experts process-wide and cannot load a fused checkpoint) and compare its distributions with the trained model's.
+    Fails when a tensor is missing or unexpected, or when the mean KL exceeds MERGED_KL_TOLERANCE."""
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="verify-merged-") as scratch:
+        asked, answered = Path(scratch) / "sequences.pt", Path(scratch) / "logprobs.pt"
+        torch.save({"sequences": reference["sequences"], "start": reference["start"]}, asked)
+        result = subprocess.run([sys.executable, __file__, "merged-logprobs", str(folder), str(asked), str(answered)],
+                                capture_output=True, text=True)  # fmt: skip
+        if result.returncode != 0:
+            why = (result.stdout + result.stderr).strip().splitlines() or [f"exit status {result.returncode}"]
+            log.error(f"{folder}: the merged checkpoint does not load as the trained model: {why[-1]}")
+            return False
+        saved = torch.load(answered)
+    kl_saved, kl_base = mean_kl(reference["trained"], saved), mean_kl(reference["trained"], reference["base"])
+    numbers = (f"KL from the trained model {kl_saved:.2g} nats/token (tolerance {MERGED_KL_TOLERANCE:g}); the "
+               f"adapters move the base by {kl_base:.2g}")  # fmt: skip
+    if kl_saved <= kl_base / 10 and kl_saved <= MERGED_KL_TOLERANCE:  # the adapters' effect is there, to 10%
+        log.info(f"verified {folder}: every tensor loads in a fresh process, and it is the trained model: {numbers}")
         return True
-    got = _samples(model, tokenizer, prompt_inputs, seed)
-    del model
-    _empty_cuda_cache()
-    if got == expected:
-        log.info(f"verified {folder}: reloaded alone, it samples the same {len(got)} seeded completions")
-    else:
-        log.warning(f"{folder}: reloaded alone, {sum(a != b for a, b in zip(expected, got))} of {len(got)} seeded "
-                    "completions differ from the trained model's (4-bit and 16-bit weights differ in low bits; "
-                    "spot-check its answers with evaluate_2048.py --model)")  # fmt: skip
+    if kl_saved > MERGED_KL_TOLERANCE or kl_base > MERGED_KL_TOLERANCE:  # not the model, or a part of the LoRA lost
+        log.error(f"{folder}: reloaded alone, it is not the trained model: {numbers}")
+        return False
+    log.warning(f"{folder}: reloaded alone, it is within tolerance of the trained model ({numbers}), but the adapters "
+                "move the model too little for this check to tell whether the merge kept them (final/ was checked "
+                "tensor by tensor)")  # fmt: skip
     return True
+
+
+def _merged_logprobs_main(folder: str, asked: str, answered: str) -> int:
+    """The fresh process of verify_merged: load, refuse a checkpoint with missing or unexpected tensors, answer."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    device_map = {"": 0} if torch.cuda.is_available() else None
+    model, info = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", device_map=device_map,
+                                                       output_loading_info=True)  # fmt: skip
+    problems = {kind: info.get(kind) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(problems.values()):
+        print("; ".join(f"{len(v)} {k.replace('_', ' ')} ({sorted(map(str, v))[:3]})" for k, v in problems.items() if v))
+        return 1
+    request = torch.load(asked)
+    torch.save(_logprobs(model.eval(), request["sequences"], request["start"]), answered)
+    return 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["merged-logprobs"]:
+    sys.exit(_merged_logprobs_main(*sys.argv[2:5]))

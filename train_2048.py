@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -45,6 +46,9 @@ import sandbox
 HERE = Path(__file__).resolve().parent
 DEFAULT_CONFIG = HERE / "configs" / "gpt-oss-20b.yaml"
 REAL_GPT_OSS = re.compile(r"gpt-oss-(20|120)b", re.I)  # checkpoints no CPU can train
+# Unsloth (2026.10.9) writes mxfp4 through llm-compressor, which runs with transformers up to this version only
+# (unsloth/save.py, _LLM_COMPRESSOR_MAX_TRANSFORMERS; tests/unsloth checks it): above it the save fails after training.
+MXFP4_MAX_TRANSFORMERS = "4.57.6"
 log = logging.getLogger("train_2048")
 # Libraries of the GPU set compile with SyntaxWarnings (torchao) at import: never the user's to act on, and printed
 # before our own one-line errors otherwise.
@@ -253,6 +257,10 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
     model_name, output_dir = model_args.model_name_or_path, Path(training_args.output_dir)
     if script_args.save_method == "mxfp4" and backend != "unsloth":
         die("--save_method mxfp4 needs the unsloth backend on a CUDA GPU; use lora or merged_16bit here")
+    if script_args.save_method == "mxfp4" and not version_at_most("transformers", MXFP4_MAX_TRANSFORMERS):
+        die(f"--save_method mxfp4: Unsloth writes it with llm-compressor, which needs transformers <= "
+            f"{MXFP4_MAX_TRANSFORMERS} (installed: {importlib.metadata.version('transformers')}), so it would fail after "
+            "training; save merged_16bit (16-bit weights) and quantize that separately")  # fmt: skip
     if backend == "unsloth" and training_args.router_aux_loss_coef not in (None, 0):
         die(
             f"--router_aux_loss_coef {training_args.router_aux_loss_coef:g}: Unsloth's GRPO does not compute the MoE "
@@ -278,6 +286,13 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
             "libseccomp2), or pass --require_seccomp false to train with the other walls only (docs/SECURITY.md)"
         )
     return checkpoint
+
+
+def version_at_most(package: str, highest: str) -> bool:
+    """The installed release of `package` is `highest` or older (local build suffixes ignored)."""
+    from packaging.version import Version
+
+    return Version(Version(importlib.metadata.version(package)).base_version) <= Version(highest)
 
 
 def complete_checkpoint(path: Path) -> bool:
@@ -364,6 +379,8 @@ def load_policy(script_args, training_args, model_args, backend: str, prompt: st
         gradient_checkpointing=training_args.gradient_checkpointing,
         trust_remote_code=training_args.trust_remote_code,
     )
+    if models.experts_layout(model) is not None:
+        log.info(f"model: {models.describe_experts(model)}")
     if backend == "unsloth":
         # --gradient_checkpointing chose Unsloth's own above ("unsloth" checkpointing); the Trainer must not add HF's.
         training_args.gradient_checkpointing = False
@@ -481,8 +498,7 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
     )
     quiet_console(trainer)
     if generate is not None:
-        generation.prepare(trainer.model)
-        log.info(f"generation: {generation.describe(trainer.model)}")
+        log.info(f"generation: {trainer.prepare_fast_generation()}")
     if state.is_main_process and "tensorboard" in training_args.report_to:
         # One writer for the Trainer's scalars and our sample texts, handed to transformers' own callback.
         from torch.utils.tensorboard import SummaryWriter
