@@ -52,8 +52,17 @@ def find(lines: list[str], *needles: str) -> int:
 
 
 def is_cpu_plan(lines: list[str]) -> bool:
+    """The CPU set, and Unsloth's two packages only without their dependencies (for the tests' Unsloth tier)."""
     text = "\n".join(lines)
-    return "-r requirements-cpu.txt" in text and "-r requirements.txt" not in text and "unsloth" not in text
+    unsloth = [line for line in lines if "unsloth" in line]
+    pins = {line.split("==")[0] for line in (ROOT / "requirements.txt").read_text().split() if line.startswith("unsloth")}
+    return (
+        "-r requirements-cpu.txt" in text
+        and "-r requirements.txt" not in text
+        and len(unsloth) == 1
+        and "--no-deps" in unsloth[0].split()
+        and {word.split("==")[0] for word in unsloth[0].split() if "==" in word} == pins == {"unsloth", "unsloth_zoo"}
+    )
 
 
 # --- the script itself ---------------------------------------------------------------------------------------
@@ -515,3 +524,12 @@ def test_make_sets_up_on_first_use_then_runs(tmp_path, target, command):
 
 def test_ci_runs_make_test():
     assert (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1] == "make test"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+def test_make_test_runs_the_unsloth_tier_in_a_process_of_its_own(tmp_path):
+    """Unsloth patches transformers, PEFT and TRL process-wide when imported: its tier runs after the main suite, in
+    a pytest of its own (tests/conftest.py keeps each run to its own tests)."""
+    runs = [line for line in make_dry_run(tmp_path, "test", stamped=True) if "-m pytest" in line]
+    assert len(runs) == 2 and "tests/unsloth" not in runs[0] and "TRAIN2048_UNSLOTH_TIER" not in runs[0]
+    assert runs[1].startswith("TRAIN2048_UNSLOTH_TIER=1 ") and runs[1].endswith(" tests/unsloth")
