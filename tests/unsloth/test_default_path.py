@@ -331,6 +331,26 @@ def test_the_merged_check_fails_a_checkpoint_transformers_cannot_load(tiny, tmp_
     assert "does not load as the trained model" in caplog.text and "missing keys" in caplog.text
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["bf16 layout", "4-bit layout"])
+def test_unsloths_own_merged_save_goes_through_the_check(tiny, tmp_path, monkeypatch, split, caplog):
+    """Unsloth's save_pretrained_merged itself (its one GPU query, whether the card is a T4, answered "CPU"), then
+    the check in a fresh process. From the fused BF16 layout it writes the trained model, and the check says so. From a
+    local split checkpoint (the tiny one here, unquantized) it writes the split layout back, which transformers cannot
+    load: the check refuses it, and train_2048 would exit 1 (from the hub's 4-bit checkpoint Unsloth merges into the
+    16-bit original instead: on a GPU, bench/gpu_matrix.sh)."""
+    import unsloth.save
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args, **kwargs: "CPU")
+    model, tokenizer = trained_model(tiny, split)
+    expected = reference(model, tokenizer)
+    unsloth.save.patch_saving_functions(model)
+    model.save_pretrained_merged(str(tmp_path / "merged"), tokenizer, save_method="merged_16bit")
+    use_split_experts(False)
+    with caplog.at_level(logging.INFO, logger="train_2048.models"):
+        assert models.verify_merged(tmp_path / "merged", expected) is not split
+    assert ("does not load as the trained model" if split else "it is the trained model") in caplog.text
+
+
 # --- the default's adapter, evaluated -----------------------------------------------------------------------------
 
 
