@@ -83,7 +83,15 @@ def test_the_dry_runs_cover_the_matrix_of_issue_21(dry):
         ("gpt-oss-20b-bf16", "transformers"),
     ]:
         assert {(preset, backend, "false"), (preset, backend, "true")} <= tiny, (preset, backend)
-    assert {flag(c, "save_method", "lora") for c in runs} >= {"lora", "merged_16bit", "mxfp4"}
+    assert {flag(c, "save_method", "lora") for c in runs} >= {"lora", "merged_16bit"}
+    (mxfp4,) = [i["command"] for i in listed if "mxfp4" in i["command"]]
+    assert "train_2048.py --save_method mxfp4" in mxfp4 and "-eq 2" in mxfp4, "mxfp4: refused at startup, exit 2"
+    # what the CPU tier cannot run comes first on a GPU: Unsloth's loader and merge on the default's own layout
+    first = items(dry["1"])[0]["command"]
+    assert "--geometry tiny" in first and flag(first, "preset") == "gpt-oss-20b" and "--layout" not in first
+    assert flag(first, "save_method") == "merged_16bit"
+    builds = [c for c in checks if "--build_only" in c and "--geometry 20b" in c]
+    assert builds and all("--scratch " in c and "--layout" not in c for c in builds), "the split 4-bit copy too"
     # the 20B geometry, all 24 layers, 3 steps: both presets, fast generation off and on, at 200 tokens (the before)
     # and at the presets' own budget (no --max_completion_length)
     full = [c for c in runs if "--geometry 20b" in c and "--layers" not in c]
