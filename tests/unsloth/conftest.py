@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -57,6 +56,9 @@ rewrite_trl()
 
 import models  # noqa: E402
 
+sys.path.insert(0, str(REPO / "bench"))
+import gpu_check  # noqa: E402
+
 
 def tiny_gpt_oss(folder: Path, layers: int = 2) -> Path:
     """A tiny GPT-OSS (sliding and full attention, 4 experts top-2, sinks and biases non-zero) with the CPU demo's
@@ -87,13 +89,7 @@ def tiny_gpt_oss(folder: Path, layers: int = 2) -> Path:
             layer.mlp.router.bias.normal_(0, 0.1)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    split = split_folder(folder)
-    shutil.rmtree(split, ignore_errors=True)
-    shutil.copytree(folder, split)
-    from safetensors.torch import load_file, save_file
-
-    (weights,) = split.glob("*.safetensors")
-    save_file(models.split_experts(load_file(str(weights))), str(weights), metadata={"format": "pt"})
+    gpu_check.write_split_checkpoint(folder, split_folder(folder))  # what the GPU check builds, before quantizing
     return folder
 
 

@@ -102,6 +102,23 @@ def test_mxfp4_is_refused_at_startup_with_unsloths_own_bound(tmp_path, capsys):
     assert "mxfp4" in line and "llm-compressor" in line and "merged_16bit" in line
 
 
+def test_the_gpu_checks_split_checkpoint_is_the_same_model_in_unsloths_classes(tiny):
+    """bench/gpu_check.py's split layout (before it quantizes it on the GPU) loads into Unsloth's own split classes
+    with every tensor in place, and computes what the fused checkpoint computes."""
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([[5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49]])
+    with torch.no_grad():
+        fused = AutoModelForCausalLM.from_pretrained(tiny).eval()(input_ids=ids).logits
+        use_split_experts(True)
+        model, info = AutoModelForCausalLM.from_pretrained(split_folder(tiny), output_loading_info=True)
+        split = model.eval()(input_ids=ids).logits
+    use_split_experts(False)
+    assert models.experts_layout(model) == "split"
+    assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
+    assert torch.allclose(split, fused, atol=1e-5)
+
+
 # --- fast generation in Unsloth's state ---------------------------------------------------------------------------
 
 
