@@ -101,7 +101,7 @@ class _Plan:
     norm: torch.nn.Module
     lm_head: torch.nn.Module
     device: torch.device
-    experts_kernel: str  # "grouped" or "dense"
+    experts_kernel: str  # "grouped" or "dense" (ours, on fused experts), or "module" (the model's own MLP: split experts)
     compile_mode: str
     dropouts: list
     checkpointing: list  # modules with a gradient_checkpointing switch (the decoder and its layers)
@@ -254,7 +254,7 @@ def _build_plan(model, base) -> _Plan:
         norm=decoder.norm,
         lm_head=base.lm_head,
         device=device,
-        experts_kernel=_experts_kernel(fused[0]) if fused else "dense",
+        experts_kernel=_experts_kernel(fused[0]) if fused else "module",
         compile_mode=_compile_mode(device),
         dropouts=[m for m in base.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0],
         checkpointing=[m for m in base.modules() if hasattr(m, "gradient_checkpointing")],
