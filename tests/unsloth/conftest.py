@@ -151,6 +151,9 @@ def load_like_unsloth(path, model_args, trainable, max_seq_length, offload_embed
     torch.manual_seed(seed)
     model = get_peft_model(model, config)
     bind_unsloth_modes(model, "unsloth" if gradient_checkpointing else False)
+    import unsloth.save
+
+    unsloth.save.patch_saving_functions(model)  # save_pretrained_merged, as get_peft_model gives it
     return model, tokenizer
 
 
@@ -162,7 +165,11 @@ def tiny(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def unsloth_backend(monkeypatch):
-    """models._load_unsloth replaced by load_like_unsloth; transformers' own expert classes back afterwards."""
+    """models._load_unsloth replaced by load_like_unsloth, Unsloth's one GPU query on its merge path (is the card a
+    T4?) answered; transformers' own expert classes back afterwards."""
+    import torch
+
     monkeypatch.setattr(models, "_load_unsloth", load_like_unsloth)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args, **kwargs: "CPU")
     yield
     use_split_experts(False)

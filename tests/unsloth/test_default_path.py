@@ -250,13 +250,41 @@ def test_the_default_runs_adapter_holds_a_lora_per_expert(default_runs):
     assert "verified" in (default_runs["true"] / "training.log").read_text()  # final/ checked tensor by tensor
 
 
-def test_a_grpo_step_of_the_bf16_preset_runs_through_unsloths_trainer(tiny, tmp_path, unsloth_backend):
+def test_a_grpo_step_of_the_bf16_preset_runs_through_unsloths_trainer_and_its_merge(tiny, tmp_path, unsloth_backend):
+    """...and save_and_verify's Unsloth branch: Unsloth's merge, the trained model released, the fresh-process check
+    (one step at lr 5e-5 leaves the adapters near a no-op: the check says it cannot vouch for them, and passes)."""
     out = tmp_path / "out"
-    assert run_default_path(tiny, out, "--max_steps", "1", "--fast_generation", "true",
-                            preset="gpt-oss-20b-bf16.yaml") == 0  # fmt: skip
+    assert run_default_path(tiny, out, "--max_steps", "1", "--fast_generation", "true", "--save_method",
+                            "merged_16bit", preset="gpt-oss-20b-bf16.yaml") == 0  # fmt: skip
     log = (out / "training.log").read_text()
     assert "experts fused into tensors (transformers' layout); LoRA on 4 expert tensors" in log  # 2 layers x 2
     assert training_lines(out)[0]["generation/fast_path"] == 1.0 and "fast generation" not in log
+    assert "final-merged_16bit: reloaded alone, it is within tolerance of the trained model" in log
+
+
+def test_a_merge_the_check_refuses_ends_the_run_with_status_1(tiny, tmp_path, unsloth_backend):
+    """The default preset on the tiny split checkpoint: Unsloth merges back into the split layout, which transformers
+    cannot load (test_unsloths_own_merged_save_goes_through_the_check): one ERROR line, exit status 1, final/ kept."""
+    out = tmp_path / "out"
+    assert run_default_path(tiny, out, "--max_steps", "1", "--save_method", "merged_16bit") == 1
+    errors = [line for line in (out / "training.log").read_text().splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "final-merged_16bit: the merged checkpoint does not load as the trained model" in errors[0]
+    assert (out / "final" / "adapter_model.safetensors").exists()
+
+
+def test_a_fallback_while_training_is_one_warning_line_and_the_scalar_says_so(tiny, tmp_path, unsloth_backend,
+                                                                             monkeypatch):  # fmt: skip
+    def broken(*args, **kwargs):
+        raise RuntimeError("no cache today")
+
+    monkeypatch.setattr(generation, "_prefill", broken)
+    monkeypatch.setattr(generation, "_WARNED", set())
+    out = tmp_path / "out"
+    assert run_default_path(tiny, out, "--max_steps", "2", "--fast_generation", "true") == 0
+    lines = (out / "training.log").read_text().splitlines()
+    warned = [line for line in lines if "fast generation" in line and " DEBUG " not in line]  # the rest: DEBUG
+    assert len(warned) == 1 and " WARNING " in warned[0] and "RuntimeError: no cache today" in warned[0]
+    assert [line["generation/fast_path"] for line in training_lines(out)] == [0.0, 0.0]
 
 
 # --- the saves and their checks -----------------------------------------------------------------------------------
