@@ -31,7 +31,10 @@ os.environ.setdefault("UNSLOTH_DISABLE_PINNED_MEMORY", "1")  # pinned host memor
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-import unsloth  # noqa: E402, F401  (before trl, transformers and peft, as train_2048.py imports it)
+try:
+    import unsloth  # noqa: E402, F401  (before trl, transformers and peft, as train_2048.py imports it)
+except ImportError as error:
+    pytest.exit(f"the Unsloth tier needs unsloth and unsloth_zoo ({error}): bash setup.sh --cpu installs them", 2)
 
 
 def rewrite_trl() -> None:

@@ -25,7 +25,8 @@ import sandbox
 import train_2048
 
 PRESETS = sorted((REPO / "configs").glob("*.yaml"))
-# Fields Unsloth's GRPOConfig adds or fills for its own machinery, which plain TRL does not read.
+# Fields Unsloth's GRPOConfig adds or fills for its own machinery: its chunked loss, context parallelism, and the
+# kwargs of HF checkpointing, which train_2048 turns off on the Unsloth backend (Unsloth checkpoints by itself).
 UNSLOTH_ONLY = {"unsloth_num_chunks", "context_parallel_size", "context_parallel_backend",
                 "gradient_checkpointing_kwargs"}  # fmt: skip
 # The presets on the tiny model, on the CPU: no bitsandbytes optimizer, short completions, no evaluation.
