@@ -15,7 +15,6 @@ run time (a violation of the contract) is scored as cheating too. Two profiles:
 
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
 import logging
@@ -191,17 +190,13 @@ class Analysis:
 
 
 def analyse_code(code: str) -> Analysis:
-    """Judge plain Python (extracted from a completion, a file, a baseline) without compiling or running it.
-
-    Parsing is linear in the text; compiling is not (a pattern match with many alternatives took seconds and
-    gigabytes), so compiling, and any error only the compiler finds, is left to the sandbox's child.
-    """
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+    """Judge plain Python (extracted from a completion, a file, a baseline) without compiling or running it
+    (policy.judge: parsed only; compiling, and any error only the compiler finds, is left to the sandbox's child)."""
+    verdict = policy.judge(code)
+    if verdict is None:
         return Analysis(code, False, None, ())
-    found, structure = policy.problems(tree)
-    return Analysis(code, True, structure, tuple(found))
+    found, structure = verdict
+    return Analysis(code, True, structure, found)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -384,7 +379,8 @@ def make_no_cheating(settings: RewardSettings, judge=None):
 
     def no_cheating(completions, trainer_state=None, log_metric=None, **kwargs) -> list[float]:
         """+1 clean; -20 uses what a strategy may not (policy.py), in its code or, seen by the sandbox, at run time
-        (an escape from Python scores like the plain forbidden import); -1 nothing extracted.
+        (the audit hook, or the kernel on any step outside the process: an escape scores like the plain forbidden
+        import); -1 nothing extracted.
 
         A syntax error cannot be judged: -1 in the graded profile, -20 in the notebook's.
         """

@@ -1,9 +1,10 @@
 """Play untrusted 2048 strategies: the game stays on the trusted side, the strategy runs behind OS-level walls.
 
-Threat model: the strategy's code may do anything a process can do. Python-level checks (policy.py, and at run time
-an audit hook that reports every way back to eval, imports, frames or the OS as a violation) fail fast and score an
-escape as cheating, but they are not the boundary; the walls are the kernel's: seccomp, process sessions, rlimits, an
-unprivileged user when we are root, and deadlines kept by another process.
+Threat model: the strategy's code may do anything a process can do. The walls are the kernel's: seccomp, process
+sessions, rlimits, an unprivileged user when we are root, and deadlines kept by another process. The seccomp allowlist
+also reports: a system call outside it kills the child, and the referee scores that as a violation (cheating), so no
+step outside the process goes unseen. Python-level checks (policy.py's judge, here before any process exists, and an
+audit hook in the child) tell an honest model what it may not use and score the plain forms as cheating.
 
 Process tree, a file for each (this one is the trainer's side):
 
@@ -16,7 +17,7 @@ Process tree, a file for each (this one is the trainer's side):
             └─ child  sandbox_child.py (untrusted): holds only the strategy: a session of its own, rlimits, no fds but
                       its two pipes (and /dev/null as stdout), empty environment, another user when we are root, then a
                       seccomp allowlist: memory, clocks and sleep, random bytes, read on its pipe, write on its pipe
-                      and stdout, exit. Every other system call fails.
+                      and stdout, exit. Any other system call kills it, and its referee scores that as cheating.
 
 The child never sees the seed (only `strategy_seed(seed)`), the game, its RNG or any other job.
 Replies are small length-prefixed frames with a byte cap, decoded into a plain `str`; nothing from
@@ -48,6 +49,7 @@ import warnings
 from collections import deque
 
 import game2048
+import policy
 
 STATUSES = ("success", "failed", "capped", "timeout", "error", "invalid", "crash", "violation")
 MAX_CODE_BYTES = 1 << 20
@@ -168,7 +170,8 @@ def play(
     (move_time_limit) and as part of the game (game_time_limit). `strict` refuses to run without
     seccomp. `record_keys` returns the keys the game played in GameResult.played_keys (each as the
     alphabet writes it), so trusted code can replay the game board by board with the engine, never
-    running the strategy itself. `_unrestricted` (tests only) gives the code every builtin and module: True drops every
+    running the strategy itself. Code that policy.judge finds cheating is a "violation" at once, without a process.
+    `_unrestricted` (tests only) skips the judge and gives the code every builtin and module: True drops every
     Python-level check, so tests can prove the OS layers alone; "audited" keeps the audit hook, to prove it alone.
     """
     options = dict(strict=strict, record_keys=record_keys, _unrestricted=_unrestricted)
@@ -275,6 +278,9 @@ def _job(code, seed, game, record_keys: bool, unrestricted: bool) -> dict | Game
         raise SandboxError("_unrestricted is a test-only switch")
     if len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
         return GameResult("error", error=f"code is longer than {MAX_CODE_BYTES} bytes")
+    verdict = None if unrestricted else policy.judge(code)  # parsed here, compiled only in the child
+    if verdict is not None and verdict[0]:
+        return GameResult("violation", error=verdict[0][0][:MAX_ERROR_CHARS])
     return {"code": code, "seed": seed, "game": game.rules(), "record_keys": record_keys, "unrestricted": unrestricted}
 
 

@@ -1,36 +1,37 @@
 """The untrusted side of a game: the child process that holds one strategy, and the walls it is put behind.
 
-The referee (sandbox_server.py) forks the child before it knows its job. In order, the child takes a session of its
-own, keeps only its two pipes, sets its rlimits and the OOM killer's first place, leaves root when we are root, and
-installs the seccomp allowlist. Then it receives the code and loads it: parse and judge it (policy.py), compile it
-(here, under the load deadline and the memory limit: never in the trainer, where a pathological pattern match takes
-seconds and gigabytes), install the audit hook, and run the module with the allowed builtins and module copies. From
-then on it answers one key per board until the referee kills it.
+The referee (sandbox_server.py) forks the child before it knows its job. While it waits as a spare, the child takes a
+session of its own, keeps only its two pipes, sets the rlimits that do not depend on the game and the OOM killer's
+first place. With the job come its working directory and its memory and CPU limits; then it leaves root when we are
+root, installs the seccomp allowlist, compiles the code (here, under the load deadline and the memory limit: never in
+the trainer), installs the audit hook and runs the module with the allowed builtins and module copies. From then on it
+answers one key per board until the referee kills it.
 
-The audit hook is the runtime half of policy.py's contract. CPython raises an audit event for every way back to real
-eval, exec and compile, to imports, files, sockets and processes, to frames and code objects; the hook reports the
-first one the strategy causes as a violation (a "V" reply: scored as cheating) and ends the process, so a route out of
-Python that the static judge missed scores like the judge's own refusal. It cannot be removed from Python, and it
-looks up nothing at run time that the strategy could replace. The code generators a strategy may use (dataclasses,
-namedtuple) compile too; the hook lets them when the text they compile can only hold names it has checked.
+Seen by the kernel. A system call outside the allowlist kills the process (SECCOMP_RET_KILL_PROCESS), and the referee,
+which the strategy cannot touch, scores a child dead of SIGSYS as a violation: cheating, exactly like the plain
+forbidden import. Refusing such a call with an error would let code that got out of Python catch it and play on.
+Honest code must then never make one: the server does beforehand what CPython and the C library would otherwise do
+lazily (import helper modules, read the time zone) and the child never prints warnings or unraisable exceptions (the
+traceback printer opens source files). tests/test_detection.py plays every honest answer of the tests through it.
+
+Seen in Python. The audit hook reports what the strategy's own code reaches for in its process (eval, exec, imports,
+open, frames, code objects, ...) as a violation with the event named; events that the allowed modules raise in their
+own code (dataclasses and namedtuple compile methods, typing evaluates string annotations) are theirs. The hook is a
+detector, not a wall: a way round it stays inside a process that holds nothing of the game, and the kernel sees any
+step out.
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
-import collections
 import ctypes
-import dataclasses
-import enum
+import encodings
 import errno
 import fcntl
-import functools
 import importlib
-import inspect
 import json
-import keyword
 import os
+import pkgutil
 import resource
 import signal
 import struct
@@ -38,16 +39,17 @@ import sys
 import tempfile
 import time
 import types
-import typing
+import warnings
 
 import policy
 
 MAX_KEY_CHARS = 64  # a longer return value is "invalid" before it crosses the pipe
 MAX_REPLY_BYTES = 1024  # the referee reads no more than this per reply
 READ_FD, WRITE_FD = 3, 4  # the pipes from and to the referee, where child_main puts them
+TIME_ZONE = "UTC"  # the children's TZ, read once by the server: with TZ unset, glibc stats /etc/localtime on mktime()
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_PR_SET_PDEATHSIG, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS = 1, 22, 38
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
 _SECCOMP_MODE_FILTER = 2
 
 
@@ -56,14 +58,8 @@ def prctl(option: int, value: int) -> None:
         raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
 
 
-# Test-only (_unrestricted): modules the attack tests need, imported before seccomp forbids opening files.
-_UNRESTRICTED_PREIMPORTS = (
-    "ctypes", "fcntl", "gc", "os", "pathlib", "resource", "signal", "socket", "subprocess", "threading",
-)  # fmt: skip
-
-
 def child_main(rfd: int, wfd: int, *, devnull: int, drop_root: bool, seccomp) -> None:
-    """Jail this process, load the code, then answer one key per board until killed. Never returns."""
+    """Wall this process in, load the code of the job, then answer one key per board until killed. Never returns."""
     os.setsid()  # own session and process group: the referee kills the group
     prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     # fds: stdin closed, stdout/stderr to /dev/null, our two pipes at 3 and 4, nothing else.
@@ -75,19 +71,20 @@ def child_main(rfd: int, wfd: int, *, devnull: int, drop_root: bool, seccomp) ->
     os.close(0)
     os.closerange(WRITE_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     os.environ.clear()
-    load = json.loads(_read())  # a spare waits here
-    os.chdir(load["workdir"])
-    mem = load["memory_limit_mb"] << 20
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CPU, (load["cpu_seconds"], load["cpu_seconds"] + 1))
+    os.environ["TZ"] = TIME_ZONE  # the zone the server read: tzset() and mktime() then need no file
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))  # no pinned memory, whatever `--ulimit memlock` allowed
     _first_for_the_oom_killer()
-    if load["unrestricted"]:
-        for name in _UNRESTRICTED_PREIMPORTS:
-            importlib.import_module(name)
+    prctl(_PR_SET_DUMPABLE, 0)  # no core dump helper started for each child the kernel kills, no ptrace by our user
+    sys.unraisablehook = _ignore  # stderr is /dev/null; printing a traceback opens source files
+    warnings.simplefilter("ignore")  # the same for warnings (a SyntaxWarning from compile, say)
+    load = json.loads(_read())  # a spare waits here; its game's directory and limits come with the job
+    os.chdir(load["workdir"])
+    mem = load["memory_limit_mb"] << 20
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    resource.setrlimit(resource.RLIMIT_CPU, (load["cpu_seconds"], load["cpu_seconds"] + 1))
     if drop_root:
         try:
             drop_to_own_user()
@@ -132,6 +129,10 @@ def child_main(rfd: int, wfd: int, *, devnull: int, drop_root: bool, seccomp) ->
         except BaseException:
             kind, text = b"I", "returned an unusable value"
         _reply(kind, text)
+
+
+def _ignore(*args) -> None:
+    pass
 
 
 def _first_for_the_oom_killer() -> None:
@@ -182,8 +183,8 @@ def _idle() -> None:
 
 
 def _reporter():
-    """A function that reports a violation of policy.py's contract and ends the process: never an exception the
-    strategy could catch, and bound to what it uses, so rewriting this module's names does not disarm it."""
+    """A function that reports a violation and ends the process: never an exception the strategy could catch, and
+    bound to what it uses, so rewriting this module's names does not disarm it."""
     pack, write, exit_now, encode, cap, length = struct.pack, os.write, os._exit, str.encode, MAX_REPLY_BYTES - 1, len
 
     def violation(what: str):
@@ -235,16 +236,16 @@ def drop_to_own_user() -> None:
     raise OSError(errno.EPERM, "cannot switch to an unprivileged user")
 
 
-# The child's only system calls once it is jailed (seccomp allowlist; anything else fails with EPERM). What a
-# running CPython needs to compute: memory, clocks and sleep, random bytes, and its pipes. Measured by tracing
-# children through every sandbox test; names missing on an architecture (aarch64 has no `time`) are skipped.
-# Not here, so refused: every file, socket, IPC, process, signal, scheduling, fcntl/ioctl and prctl call.
+# The child's only system calls once it is walled in (seccomp allowlist; anything else kills it). What a running
+# CPython needs to compute: memory, clocks and sleep, random bytes, and its pipes. Measured by tracing children through
+# every sandbox test; names missing on an architecture (aarch64 has no `time`) are skipped. Not here, so fatal: every
+# file, socket, IPC, process, signal, scheduling, fcntl/ioctl and prctl call.
 _ALLOWED_SYSCALLS = (
     # memory (the allocator); protections of its own pages only. mmap and madvise: argument checks below
     "brk", "munmap", "mremap", "mprotect",
     # yielding the CPU; futex and the clock calls: argument checks below
     "sched_yield", "gettimeofday", "time", "nanosleep",
-    # random bytes for random.Random()
+    # random bytes for random.Random() and random.SystemRandom
     "getrandom",
     # its own identity and signal mask, returning from a signal, ending
     "getpid", "gettid", "rt_sigprocmask", "rt_sigreturn", "restart_syscall", "exit", "exit_group",
@@ -256,14 +257,16 @@ _MAP_HUGETLB, _MAP_LOCKED = 0x40000, 0x2000
 _MADVICE = (0, 1, 2, 3, 4, 8, 14, 15)  # NORMAL, RANDOM, SEQUENTIAL, WILLNEED, DONTNEED, FREE, (NO)HUGEPAGE
 
 
-def build_seccomp():
-    """The child's filter, built once in the server: (filter, "") or (None, why not)."""
+def build_seccomp(default_action: str = "KILL_PROCESS"):
+    """The child's filter, built once in the server: (filter, "") or (None, why not). `default_action` is what a call
+    outside the allowlist gets (bench/bench_sandbox.py measures the others pyseccomp offers)."""
     try:
         import pyseccomp as sc
     except Exception as exc:  # no pyseccomp, or no libseccomp.so (pyseccomp raises RuntimeError)
         return None, f"{type(exc).__name__}: {exc}"
     try:
-        filt = sc.SyscallFilter(sc.ERRNO(errno.EPERM))  # deny by default
+        default = sc.ERRNO(errno.EPERM) if default_action == "ERRNO" else getattr(sc, default_action)
+        filt = sc.SyscallFilter(default)
         filt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)  # i386 `int 0x80` and x32 calls: no way round
 
         def allow(name, *args):
@@ -313,220 +316,83 @@ class SeccompProgram:
             raise OSError(ctypes.get_errno(), "seccomp filter could not be installed")
 
 
-# --- what the strategy gets: builtins and module copies, with run-time checks ---------------------------------------
-#
-# A run-time check reports a violation and ends the process (never an exception the strategy could catch), and looks
-# nothing up in a module the strategy could reach and rewrite: `_checks` binds what they use once, in the server.
-
-
-def _checks(report, attribute_allowed, attribute_hooks, is_private, library_private, field_name_allowed):
-    """The checked builtins and library replacements, bound to the predicates they need (closure cells)."""
-    exact, split, is_str, is_type, own = str.__str__, str.split, str, type, [frozenset()]
-    real_getattr, real_setattr, real_hasattr, real_delattr = getattr, setattr, hasattr, delattr
-    default_assigned, default_updated = tuple(functools.WRAPPER_ASSIGNMENTS), tuple(functools.WRAPPER_UPDATES)
-    # What a class statement itself puts in the namespace a metaclass passes on to type.__new__.
-    class_statement_keys = frozenset({"__module__", "__qualname__", "__classcell__", "__annotations__",
-                                      "__orig_bases__", "__static_attributes__", "__firstlineno__", "__type_params__"})
-
-    def checked_name(name, obj=None):
-        if not isinstance(name, is_str):
-            return name  # the builtin raises its own TypeError
-        name = exact(name)  # an exact str: a subclass cannot lie to the check
-        if not attribute_allowed(name):
-            report(f"attribute {name!r} (a computed name)")
-        if is_private(name) and name not in own[0] and name not in library_private:
-            report(f"private attribute {name!r} of a library object (a computed name)")
-        return name
-
-    def safe_getattr(obj, name, *default):
-        return real_getattr(obj, checked_name(name), *default)
-
-    def safe_hasattr(obj, name):
-        return real_hasattr(obj, checked_name(name))
-
-    def safe_setattr(obj, name, value):
-        real_setattr(obj, checked_name(name), value)
-
-    def safe_delattr(obj, name):
-        real_delattr(obj, checked_name(name))
-
-    def safe_attrgetter(*names):
-        """operator.attrgetter with every dotted part checked; a plain function, so its type leads nowhere."""
-        paths = []
-        for name in names:
-            if not isinstance(name, is_str):
-                raise TypeError("attribute name must be a string")
-            paths.append([checked_name(part) for part in split(exact(name), ".")])
-
-        def get(obj):
-            values = []
-            for path in paths:
-                value = obj
-                for part in path:
-                    value = real_getattr(value, part)
-                values.append(value)
-            return values[0] if len(values) == 1 else tuple(values)
-
-        return get
-
-    def safe_methodcaller(name, /, *args, **kwargs):
-        name = checked_name(name)
-
-        def call(obj):
-            return real_getattr(obj, name)(*args, **kwargs)
-
-        return call
-
-    def safe_update_wrapper(wrapper, wrapped, assigned=default_assigned, updated=default_updated):
-        """functools.update_wrapper copies the attributes it is told to: only the standard ones here."""
-        if tuple(assigned) != default_assigned or tuple(updated) != default_updated:
-            report("functools.update_wrapper or wraps with attribute names of its own")
-        return functools.update_wrapper(wrapper, wrapped)
-
-    def safe_wraps(wrapped, assigned=default_assigned, updated=default_updated):
-        return functools.partial(safe_update_wrapper, wrapped=wrapped, assigned=assigned, updated=updated)
-
-    class safe_cached_property(functools.cached_property):
-        """functools.cached_property reads `instance.__dict__[attrname]`: of an instance, under a checked name."""
-
-        def __get__(self, instance, owner=None):
-            if instance is None:
-                return self
-            if isinstance(instance, is_type):
-                report("cached_property read through a class")
-            checked_name(self.attrname)
-            return functools.cached_property.__get__(self, instance, owner)
-
-    def safe_dataclass(cls=None, /, **kwargs):
-        """dataclasses.dataclass writes its methods as source text from field names: they are checked first (and
-        again, at run time, by the audit hook)."""
-
-        def wrap(cls):
-            annotations = is_type.__dict__["__dict__"].__get__(cls).get("__annotations__", {})
-            if not isinstance(annotations, dict) or not all(field_name_allowed(n) for n in annotations):
-                report("a dataclass field name that is not a plain identifier")
-            return dataclasses.dataclass(**kwargs)(cls)
-
-        return wrap if cls is None else wrap(cls)
-
-    def overload(func):
-        """typing.overload without reading the function's code (as 3.11's does): the registry is not served."""
-        return typing._overload_dummy
-
-    class checked_type(type, metaclass=_TypeOfType):
-        """`type`: one argument is the real type(x); three make a class, whose namespace keys are checked as a class
-        statement's are (a dict key is a string the judge cannot see: `__reduce_ex__`, `__match_args__`, ...)."""
-
-        def __new__(mcs, *args, **kwargs):
-            if len(args) == 1 and not kwargs and mcs is checked_type:
-                return is_type(args[0])
-            if len(args) == 3 and isinstance(args[2], dict):
-                for key in args[2]:
-                    if is_type(key) is not is_str or not (
-                        attribute_allowed(key) or key in attribute_hooks or key in class_statement_keys
-                    ):
-                        report("type() with a namespace key that is not a plain allowed name")
-            if mcs is checked_type:
-                return is_type(*args, **kwargs)  # an ordinary class, as type() makes
-            return is_type.__new__(mcs, *args, **kwargs)
-
-    def set_own_private_names(names):
-        own[0] = names
-
-    return {
-        "getattr": safe_getattr, "hasattr": safe_hasattr, "setattr": safe_setattr, "delattr": safe_delattr,
-        "type": checked_type, "attrgetter": safe_attrgetter, "methodcaller": safe_methodcaller,
-        "update_wrapper": safe_update_wrapper, "wraps": safe_wraps, "cached_property": safe_cached_property,
-        "dataclass": safe_dataclass, "overload": overload, "set_own_private_names": set_own_private_names,
-    }  # fmt: skip
-
-
-class _TypeOfType(type):
-    """The checked `type` answers isinstance(x, type) and issubclass(c, type) as the real one does."""
-
-    def __instancecheck__(cls, obj):
-        return isinstance(obj, type)
-
-    def __subclasscheck__(cls, sub):
-        return issubclass(sub, type)
-
-
-def _restricted_import(name, globals=None, locals=None, fromlist=(), level=0):
-    if level:
-        _violation("a relative import")
-    name = str.__str__(name) if isinstance(name, str) else name
-    if name in _LAZY_IMPORTS and not fromlist:  # an allowed function importing its helper (the code cannot: policy.py)
-        return sys.modules[name]
-    if name not in _PROXIES:
-        _violation(f"import of {name!r}")
-    return _PROXIES[name] if fromlist else _PROXIES[name.partition(".")[0]]
-
+# --- what the strategy gets: builtins and module copies, built once in the server ----------------------------------
 
 _PROXIES: dict[str, types.ModuleType] = {}
 _SAFE_BUILTINS: dict = {}
-_CHECKS: dict = {}
-# Library names served as checked versions (_checks): each hands out an unchecked getattr or setattr, or code.
-_REPLACED = {
-    ("operator", "attrgetter"), ("operator", "methodcaller"), ("functools", "update_wrapper"), ("functools", "wraps"),
-    ("functools", "cached_property"), ("dataclasses", "dataclass"), ("typing", "overload"),
-}  # fmt: skip
-# Imported lazily by allowed functions (time.strptime): imported now, in the server, so no import happens in a child.
+# Modules that C code of the allowed modules imports when first used (time.strptime imports _strptime): served to
+# such an import as the real module, which the server has loaded.
 _LAZY_IMPORTS = ("_strptime",)
+# Pure-Python helpers that the allowed modules run their work in (dataclasses reads signatures with inspect): events
+# raised in their code are the library's, like those raised in the allowed modules' own files.
+_LIBRARY_HELPERS = ("_collections_abc", "_strptime", "copyreg", "inspect", "keyword", "reprlib", "types", "weakref",
+                    "_weakrefset", "calendar", "locale", "datetime")  # fmt: skip
+# Modules imported for tests that run code already out of Python (`_unrestricted`), so that it meets the kernel's
+# walls rather than a failing import. In every child's sys.modules, reachable only by a way out of Python, and of
+# no use there without system calls outside the allowlist.
+_TEST_MODULES = ("ctypes", "fcntl", "gc", "os", "pathlib", "resource", "signal", "socket", "subprocess", "threading")
+_library_files: frozenset = frozenset()
 
 
 def prepare_runtime() -> None:
-    """Import the allowed modules and build what children start from, once, in the server: a copy of each allowed
-    module holding only the names policy.MODULES lists, and the allowed builtins with getattr & co. checked."""
-    for name in sorted(policy.MODULES) + list(_LAZY_IMPORTS):
-        importlib.import_module(name)
-    time.localtime()  # the C library reads the time zone now, before children lose the right to open it
-    # Enum's private helper that reads any module's namespace and writes members back into it: no strategy needs it.
-    for helper in ("_convert_",):
-        if helper in vars(enum.EnumType):
-            delattr(enum.EnumType, helper)
-    _CHECKS.update(_checks(_violation, policy.attribute_allowed, policy.ATTRIBUTE_HOOKS, policy.is_private,
-                           policy.LIBRARY_PRIVATE_NAMES, policy.field_name_allowed))  # fmt: skip
-    for name, names in policy.MODULES.items():
+    """Once, in the server: import what children use and warm up what CPython does lazily, so that honest code never
+    makes a system call outside the allowlist; build the module copies and the builtins a strategy gets."""
+    global _library_files
+    for name in sorted(policy.MODULES) + list(_LAZY_IMPORTS + _LIBRARY_HELPERS + _TEST_MODULES) + ["unicodedata"]:
+        importlib.import_module(name)  # unicodedata: the parser needs it for a non-ASCII name (`α = 1`)
+    for codec in pkgutil.iter_modules(encodings.__path__):  # str.encode("utf-16") imports its codec on first use
+        try:
+            importlib.import_module(f"encodings.{codec.name}")
+        except ImportError:  # mbcs, oem: Windows only
+            pass
+    os.environ["TZ"] = TIME_ZONE
+    time.tzset()  # reads the zone now, before children lose the right to open files
+    time.strptime("2026", "%Y")  # _strptime's first call calls tzset and builds its caches
+    library = [m for n, m in list(sys.modules.items()) if n in policy.MODULES or n in _LIBRARY_HELPERS
+               or n.partition(".")[0] in ("collections", "re")]  # fmt: skip  (packages: their submodules too)
+    _library_files = frozenset(f for m in library if (f := getattr(m, "__file__", None)) and f.endswith(".py"))
+    for name in policy.MODULES:
+        _PROXIES[name] = types.ModuleType(name, getattr(sys.modules[name], "__doc__", None))
+    for name, proxy in _PROXIES.items():  # every name policy.served says, other allowed modules as their copies
         real = sys.modules[name]
-        proxy = types.ModuleType(name, getattr(real, "__doc__", None))
-        wanted = [n for n in dir(real) if not n.startswith("_")] if names is policy.EVERYTHING else sorted(names)
-        for attr in wanted:
-            if not hasattr(real, attr):
-                continue  # not in this Python's version of the module
-            value = _CHECKS[attr] if (name, attr) in _REPLACED else getattr(real, attr)
-            if not isinstance(value, types.ModuleType):  # a module attribute is a way out (random._os)
-                setattr(proxy, attr, value)
-        _PROXIES[name] = proxy
-    _PROXIES["collections"].abc = _PROXIES["collections.abc"]
+        for attr in policy.SYS_NAMES if name == "sys" else [n for n in dir(real) if not n.startswith("_")]:
+            if hasattr(real, attr) and policy.served(name, attr):
+                value = getattr(real, attr)
+                setattr(proxy, attr, _PROXIES[value.__name__] if isinstance(value, types.ModuleType) else value)
     _SAFE_BUILTINS.update({n: getattr(builtins, n) for n in policy.ALLOWED_BUILTINS})
-    _SAFE_BUILTINS.update({n: _CHECKS[n] for n in ("getattr", "hasattr", "setattr", "delattr", "type")})
     _SAFE_BUILTINS.update(
         __import__=_restricted_import,  # what `import` statements call; not a name the code may use
         __build_class__=builtins.__build_class__,  # what `class` statements call
     )
 
 
-def _load_strategy(code: str, unrestricted):
-    """Judge, compile and run the code under policy.py's rules (the same the rewards judge by); return `strategy`.
+def _restricted_import(name, globals=None, locals=None, fromlist=(), level=0):
+    if level:
+        _violation("a relative import")
+    name = str.__str__(name) if isinstance(name, str) else name
+    if name in _LAZY_IMPORTS and not fromlist:
+        return sys.modules[name]
+    if name not in _PROXIES:
+        _violation(f"import of {name!r}")
+    return _PROXIES[name] if fromlist else _PROXIES[name.partition(".")[0]]
 
-    The compile happens here, in the jailed child, under the load deadline and the memory limit. Test switches:
-    `unrestricted=True` drops every Python-level check (the OS walls alone), "audited" keeps only the audit hook
-    (code that is already out of Python, against the hook alone).
+
+def _load_strategy(code: str, unrestricted):
+    """Compile and run the code with the allowed builtins and module copies; return `strategy`. (The trainer's side of
+    the sandbox has judged the code already: sandbox.play_many.)
+
+    The compile happens here, in the walled child, under the load deadline and the memory limit. Test switches:
+    `unrestricted=True` gives the code every builtin and module and no audit hook (the kernel's walls alone),
+    "audited" keeps the audit hook (code that is already out of Python, against the hook alone).
     """
-    tree = ast.parse(code, "<strategy>")
-    if not unrestricted:
-        found, _ = policy.problems(tree)
-        if found:
-            _violation(found[0])
-        _CHECKS["set_own_private_names"](policy.own_private_names(tree))
-    compiled = compile(tree, "<strategy>", "exec", dont_inherit=True)  # the judge's flags, not ours
-    del tree
+    hook, watch = _audit_hook(_library_files)
+    sys.addaudithook(hook)  # before the compile: a syntax error's report would open the file named <strategy>
+    compiled = compile(code, "<strategy>", "exec", dont_inherit=True)
     # A real module, as an import would make: dataclasses and friends look their class's module up.
     module = types.ModuleType("strategy")
     module.__builtins__ = builtins if unrestricted else dict(_SAFE_BUILTINS)
     sys.modules["strategy"] = module
-    if unrestricted is not True:
-        sys.addaudithook(_audit_hook(compiled))
+    watch(compiled, unrestricted is not True)
     exec(compiled, module.__dict__)
     strategy = module.__dict__.get("strategy")
     if not callable(strategy):
@@ -537,154 +403,58 @@ def _load_strategy(code: str, unrestricted):
 # --- the audit hook --------------------------------------------------------------------------------------------
 
 # Events that ordinary strategies cause and that reach nothing: id(), array.array(), time.sleep(), compile (a string
-# annotation such as List["Board"] is compiled to check it; running a code object is what is audited: exec,
-# function.__new__, code.__new__), and Python 3.12's sys._getframemodulename (namedtuple, TypeVar and Enum ask for
-# their caller's module name: a string).
-_HARMLESS_EVENTS = frozenset({"builtins.id", "array.__new__", "time.sleep", "compile", "sys._getframemodulename"})
-# Events the allowed code generators cause while they build a class, and a frame look-up that typing, collections and
-# enum make to learn their caller's module name (TypeVar, namedtuple, Enum's functional API).
-_GENERATOR_EVENTS = frozenset({"exec", "object.__setattr__", "object.__getattr__", "sys._getframe"})
+# annotation such as List["Board"] is compiled to check it; running a code object is what is audited), an exception
+# raised in __del__ (handed to our sys.unraisablehook, which ignores it) and Python 3.12's sys._getframemodulename.
+_HARMLESS_EVENTS = frozenset(
+    {"builtins.id", "array.__new__", "time.sleep", "compile", "sys.unraisablehook", "sys._getframemodulename"}
+)
 
 
-def _audit_hook(strategy_code):
-    """The hook for one child, made after the strategy compiled and before its module runs.
+def _audit_hook(library_files: frozenset):
+    """The hook for one child, installed before the strategy compiles, and `watch(code, on)`, called before its module
+    runs: with on=False the hook stays out of the way (the `_unrestricted` test switch).
 
-    Everything it uses is bound here, as closure cells and constants: no global or builtin is looked up when an event
-    arrives, so a strategy that replaced one (a module attribute, a builtin) changes nothing, and it never runs the
-    strategy's code (it reads only exact-str keys of the namespaces it inspects). The exec of the strategy's own
-    compiled module is allowed once; generated code is allowed from namedtuple (it turns every name into an exact,
-    checked str itself) and from dataclasses while our checked `dataclass` processes the class whose fields it checked,
-    when every name in the code is one of those fields or dataclasses' own; frames only to the stdlib functions that
-    read their caller's module name.
+    While the code compiles, the hook refuses to open files: CPython reads the source line of a syntax error from the
+    file the code claims to come from, a system call that would kill the child for an honest mistake. Once watching,
+    every event is a violation but the harmless ones, the one exec of the strategy's own module, setting an allowed
+    attribute on a class (CPython audits every attribute set on a type), and events raised in the allowed modules' own
+    code (the innermost Python frame is in one of `library_files`). Everything it uses is bound here, so a strategy
+    that replaced a builtin or a module attribute changes nothing.
     """
-    namedtuple_codes = frozenset(
-        f.__code__
-        for f in (collections.namedtuple, getattr(typing, "_make_nmtuple", None), typing.NamedTupleMeta.__new__)
-        if isinstance(f, types.FunctionType)
-    )
-    frame_readers = frozenset(
-        f.__code__
-        for f in (collections.namedtuple, getattr(typing, "_caller", None), vars(enum.EnumType).get("_create_"))
-        if isinstance(f, types.FunctionType)
-    )
-    constants = _CHECKS["dataclass"].__code__.co_consts  # the inner `wrap` is a constant of the wrapper's code
-    wrapper_code = next(c for c in constants if isinstance(c, types.CodeType) and c.co_name == "wrap")
-    generator_files = frozenset({dataclasses.__file__, inspect.__file__})
-    dataclasses_file, field_type, code_type = dataclasses.__file__, dataclasses.Field, types.CodeType
-    fields_of = type.__dict__["__dict__"].__get__  # a class's own namespace, whatever its metaclass says
-    field_name = dataclasses.Field.__dict__["name"].__get__  # the slot, not a subclass's property
-    safe_dunders, introspection = policy.SAFE_DUNDERS, policy.INTROSPECTION_ATTRIBUTES
-    hooks = policy.ATTRIBUTE_HOOKS
-    forbidden_builtins = frozenset(dir(builtins)) - policy.ALLOWED_BUILTINS
-    harmless, generator_events = _HARMLESS_EVENTS, _GENERATOR_EVENTS
-    getframe, str_type, type_of, dict_type = sys._getframe, str, type, dict
-    is_identifier, is_keyword = str.isidentifier, keyword.iskeyword
+    harmless, getframe, report, length, str_type, type_of = _HARMLESS_EVENTS, sys._getframe, _violation, len, str, type
+    introspection, safe_dunders = policy.INTROSPECTION_ATTRIBUTES, policy.SAFE_DUNDERS
     starts, ends = str.startswith, str.endswith
-    report, length = _violation, len  # _violation binds what it uses too (_reporter)
-    base_exception = BaseException
-    module_ran = [False]  # the one exec of the strategy's module
-    busy = [False]  # the hook's own frame walk raises events too (sys._getframe, frame.f_code)
+    state = {"phase": "compiling", "module": None}
+    busy = [False]  # the hook's own look at its caller raises events too
 
-    def own_read(event, args) -> bool:
-        return event == "object.__getattr__" and length(args) > 1 and args[1] == "f_code"
-
-    def allowed_name(name) -> bool:
-        if type_of(name) is not str_type or name in introspection:
-            return False
-        return not (length(name) > 4 and starts(name, "__") and ends(name, "__")) or name in safe_dunders
-
-    def exact_keys(mapping) -> bool:
-        """Every key an exact str: looking one up then runs no __eq__ or __hash__ of the strategy's."""
-        for key in mapping:
-            if type_of(key) is not str_type:
-                return False
-        return True
-
-    def checked_fields(cls):
-        """The names dataclasses has collected for `cls` (what its generated source is written from), when they are
-        Field objects with plain identifier names; else None."""
-        namespace = fields_of(cls)
-        if not exact_keys(namespace):
-            return None
-        fields = namespace.get("__dataclass_fields__", {})
-        annotations = namespace.get("__annotations__", {})
-        if type_of(fields) is not dict_type or type_of(annotations) is not dict_type or not exact_keys(annotations):
-            return None
-        names = []
-        for key in fields:
-            f = fields[key]
-            name = field_name(f) if type_of(f) is field_type and type_of(key) is str_type else None
-            if name is not key or not allowed_name(name) or not is_identifier(name) or is_keyword(name):
-                return None
-            names.append(name)
-        for name in annotations:
-            if not allowed_name(name) or not is_identifier(name) or is_keyword(name):
-                return None
-        return frozenset(names)
-
-    def generated_by_dataclasses(code, fields) -> bool:
-        """Every name the code uses is a checked field, dataclasses' own (__dataclass_*, _type_*, ...), or an
-        ordinary allowed name; never a builtin the contract refuses."""
-        pending = [code]
-        while pending:
-            c = pending.pop()
-            for group in (c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars):
-                for name in group:
-                    if name in fields or starts(name, "__dataclass_") or name == "__create_fn__":
-                        continue
-                    if name in forbidden_builtins or not (allowed_name(name) or name in hooks):
-                        return False
-            for const in c.co_consts:
-                if type_of(const) is code_type:
-                    pending.append(const)
-        return True
-
-    def generated(event, args, caller) -> bool:
-        """Whether an event comes from an allowed code generator working on a checked class, or is a frame look-up
-        of a stdlib function that reads its caller's module name and hands out no frame."""
-        if event == "sys._getframe":
-            return caller.f_code in frame_readers
-        if caller.f_code in namedtuple_codes:
-            return True
-        if caller.f_code.co_filename not in generator_files:
-            return False
-        processing, f = None, caller
-        while f is not None:
-            code = f.f_code
-            if processing is None and code.co_name == "_process_class" and code.co_filename == dataclasses_file:
-                processing = f.f_locals.get("cls")
-            elif code is wrapper_code:
-                if processing is None or f.f_locals.get("cls") is not processing:
-                    return False
-                fields = checked_fields(processing)
-                if fields is None:
-                    return False
-                if event == "exec":
-                    return type_of(args[0]) is code_type and generated_by_dataclasses(args[0], fields)
-                return True
-            f = f.f_back
-        return False
+    def allowed_name(name) -> bool:  # policy.attribute_allowed, bound
+        dunder = length(name) > 4 and starts(name, "__") and ends(name, "__")
+        return name not in introspection and (not dunder or name in safe_dunders)
 
     def hook(event, args):
-        if event in harmless or (busy[0] and (event == "sys._getframe" or own_read(event, args))):
-            return  # the events of the hook's own frame walk, and only those
-        if event == "exec" and args and args[0] is strategy_code and not module_ran[0]:
-            module_ran[0] = True
+        if state["phase"] != "watching":
+            if state["phase"] == "compiling" and event == "open":
+                raise OSError(errno.EPERM, "no files in the sandbox")  # the compiler clears it and goes on
             return
-        if event in ("object.__setattr__", "object.__delattr__") and length(args) > 1 and allowed_name(args[1]):
+        if event in harmless or busy[0]:
             return
-        if event in generator_events:
-            was, busy[0] = busy[0], True
-            try:
-                ok = generated(event, args, getframe(1))
-            except base_exception:
-                ok = False
-            busy[0] = was
-            if ok:
-                return
-        detail = ""
-        if starts(event, "object.") and length(args) > 1 and type_of(args[1]) is str_type:
-            detail = " " + args[1]
-        report("run-time event " + event + detail)
+        if event == "exec" and args and args[0] is state["module"]:
+            state["module"] = None  # once
+            return
+        setting = event in ("object.__setattr__", "object.__delattr__") and length(args) > 1
+        if setting and type_of(args[1]) is str_type and allowed_name(args[1]):
+            return
+        busy[0] = True
+        try:
+            library = getframe(1).f_code.co_filename in library_files
+        except BaseException:
+            library = False
+        busy[0] = False
+        if not library:
+            name = args[1] if starts(event, "object.") and length(args) > 1 else ""
+            report("run-time event " + event + (" " + name if type_of(name) is str_type and name else ""))
 
-    return hook
+    def watch(module_code, on: bool) -> None:
+        state["module"], state["phase"] = module_code, "watching" if on else "off"
+
+    return hook, watch

@@ -29,6 +29,7 @@ from sandbox import MAX_ERROR_CHARS, Game, recv_exact, recv_frame, send_frame
 from sandbox_child import MAX_REPLY_BYTES
 
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+SECCOMP_KILL = "a system call outside the sandbox's allowlist: the kernel killed the process"
 
 
 class _Context:
@@ -354,7 +355,7 @@ class _Referee:
             raise _Stop("invalid", text)
         if kind == "X":
             raise _Stop("crash", text)
-        if kind == "V":  # the strategy used what policy.py forbids, seen at load or at run time
+        if kind == "V":  # the audit hook saw the strategy reach for what policy.py forbids
             raise _Stop("violation", text)
         return kind, text
 
@@ -374,6 +375,8 @@ class _Referee:
         if self.wait_status is None:
             self.kill()
             return _Stop("crash", "closed its pipe")
+        if os.WIFSIGNALED(self.wait_status) and os.WTERMSIG(self.wait_status) == signal.SIGSYS:
+            return _Stop("violation", SECCOMP_KILL)  # only the kernel's seccomp sends it: the child may not signal
         return _Stop("crash", _describe_exit(self.wait_status))
 
     def kill(self) -> None:
@@ -402,7 +405,6 @@ def _describe_exit(status: int) -> str:
             signal.SIGXCPU: " (CPU time limit)",
             signal.SIGSEGV: " (segmentation fault)",
             signal.SIGXFSZ: " (file size limit)",
-            signal.SIGSYS: " (a system call through another ABI)",
         }
         return f"killed by signal {name}{limit.get(sig, '')}"
     if os.WIFEXITED(status):

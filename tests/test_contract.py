@@ -1,6 +1,8 @@
-"""One contract, kept both ways (policy.py): what the prompt allows, the judge scores as clean and the sandbox plays;
-whatever reaches past it, in the code or at run time, scores like the plain forbidden import or worse; nothing a model
-writes is compiled in the trainer's process; an answer that stalls is not played to the limit in every game."""
+"""One contract, kept both ways (policy.py): what the prompt allows, the judge scores as clean and the sandbox plays,
+and honest code never trips a wall; whatever reaches past it scores exactly like the plain forbidden import: in the code
+(the judge), in Python (the audit hook) or outside the process (the kernel, tests/test_sandbox_attacks.py); what an
+escape does inside its own process gains it nothing; nothing a model writes is compiled in the trainer's process; an
+answer that stalls is not played to the limit in every game."""
 
 import json
 import subprocess
@@ -14,6 +16,7 @@ import pytest
 import policy
 import rewards
 import sandbox
+import sandbox_server
 import strategies
 from rewards import RewardSettings, reward_functions
 
@@ -207,6 +210,128 @@ HONEST = {
         def strategy(board):
             return Corner().key(board)
     """,
+    # Rows an earlier, stricter Python layer punished (issue 25): they play as plain Python does.
+    "a positional pattern on a namedtuple": """
+        import collections
+        Cell = collections.namedtuple("Cell", "row col")
+        def strategy(board):
+            match Cell(0, len(board)):
+                case Cell(0, n) if n:
+                    return "A"
+            return "S"
+    """,
+    "a positional pattern on a frozen dataclass with an abc.ABC base": """
+        import abc, dataclasses
+        class Shape(abc.ABC):
+            @abc.abstractmethod
+            def area(self): ...
+        @dataclasses.dataclass(frozen=True)
+        class Rect(Shape):
+            w: int
+            h: int
+            def area(self):
+                return self.w * self.h
+        def strategy(board):
+            match Rect(len(board), 2):
+                case Rect(w, 2) if w * 2 == Rect(w, 2).area():
+                    return "A"
+            return "S"
+    """,
+    "type(obj) with a metaclass registry and class keywords": """
+        class Registry(type):
+            kinds = {}
+            def __new__(mcs, name, bases, namespace, kind="plain", **kwargs):
+                cls = super().__new__(mcs, name, bases, namespace, **kwargs)
+                mcs.kinds[name] = kind
+                return cls
+            def __init__(cls, name, bases, namespace, kind="plain", **kwargs):
+                super().__init__(name, bases, namespace, **kwargs)
+        class Base(metaclass=Registry):
+            def __init_subclass__(cls, tag="", **kwargs):
+                super().__init_subclass__(**kwargs)
+                cls.tag = tag
+        class Corner(Base, kind="corner", tag="c"):
+            pass
+        def strategy(board):
+            c = Corner()
+            ok = type(c) is Corner and type(Corner) is Registry and Registry.kinds["Corner"] == "corner"
+            return "A" if ok and c.tag == "c" else "S"
+    """,
+    "typing.runtime_checkable": """
+        from typing import Protocol, runtime_checkable
+        @runtime_checkable
+        class Sized(Protocol):
+            def __len__(self) -> int: ...
+        def strategy(board):
+            return "A" if isinstance(board, Sized) else "S"
+    """,
+    "random.SystemRandom": """
+        import random
+        RNG = random.SystemRandom()
+        def strategy(board):
+            return RNG.choice("AS")
+    """,
+    "identifiers in Greek letters": """
+        def strategy(board):
+            α, β = 0.5, len(board)
+            γ = "AS"[int(α * β) % 2]
+            return γ
+    """,
+    # What CPython or the C library does lazily, done by the server beforehand (else a system call would kill them).
+    "the time functions": """
+        import time
+        def strategy(board):
+            t = time.mktime(time.localtime())
+            time.tzset()
+            s = time.strftime("%Y %Z", time.gmtime(t)) + time.ctime(0) + time.asctime()
+            p = time.strptime("2026-01-02", "%Y-%m-%d")
+            return "A" if s and p.tm_year == 2026 and time.process_time() >= 0 else "S"
+    """,
+    "other encodings and named escapes": """
+        def strategy(board):
+            data = "é\\N{GREEK SMALL LETTER ALPHA}".encode("utf-16") + "x".encode("cp1252") + "y".encode("idna")
+            return "A" if data.decode("utf-16", "ignore") else "S"
+    """,
+    "a warning at compile time": """
+        def strategy(board):
+            n = len(board)
+            return "A" if n is 3 else "S"
+    """,
+    "an exception in __del__": """
+        class Noisy:
+            def __del__(self):
+                raise ValueError("ignored, as Python does")
+        def strategy(board):
+            Noisy()
+            return "A"
+    """,
+    "string annotations evaluated by typing and singledispatch": """
+        from __future__ import annotations
+        import functools, typing
+        @functools.singledispatch
+        def weight(x) -> int:
+            return 0
+        @weight.register
+        def _(x: int) -> int:
+            return x
+        def strategy(board: list[list[int]]) -> str:
+            hints = typing.get_type_hints(strategy)
+            return "A" if hints["return"] is str and weight(2) == 2 else "S"
+    """,
+    "recursion and memory errors, caught": """
+        def depth(n):
+            return depth(n + 1)
+        def strategy(board):
+            try:
+                depth(0)
+            except RecursionError:
+                pass
+            try:
+                board = [0] * 10**10
+            except MemoryError:
+                return "A"
+            return "S"
+    """,
 }
 
 
@@ -227,21 +352,25 @@ def test_a_tilde_fence_is_a_code_block():
     assert rewards.extract_function("~~~~python\n" + code + "~~~~\n") == code
 
 
-def test_a_name_the_sandbox_leaves_out_is_judged_not_loadable_and_is_an_error_there():
-    """functools.singledispatch evaluates annotations: it is not in the sandbox's copy of functools, the judge says so
-    (not played, not cheating), and the loader fails on it the same way."""
-    code = "import functools\ndef strategy(board):\n    return functools.singledispatch(len) and 'A'\n"
-    analysis = rewards.analyse_code(code)
-    assert not analysis.cheats and analysis.why_not_played == (
-        "uses functools.singledispatch, which the sandbox does not provide"
-    )
-    (score,) = scored([fenced(code)])
-    assert score == {"works": -0.5, "clean": 1.0, "game": 0.0}
+# Honest mistakes: errors, never violations (CPython quotes a syntax error's line from the file the code names: a
+# system call the kernel would kill, so the child refuses that open while it compiles).
+MISTAKES = {
+    "a syntax error": ("def strategy(board)\n    return 'A'\n", "SyntaxError: expected ':' (<strategy>, line 1)"),
+    "the compiler's own error": ("def strategy(board):\n    return 'A'\nreturn 1\n",
+                                 "SyntaxError: 'return' outside function (<strategy>, line 3)"),
+    "a name this Python's module lacks": ("import math\ndef strategy(board):\n    return math.no_such_name() or 'A'\n",
+                                          "AttributeError: module 'math' has no attribute 'no_such_name'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(MISTAKES))
+def test_an_honest_mistake_is_an_error_not_a_violation(name):
+    code, error = MISTAKES[name]
     result = sandbox.play(code, seed=0, size=3, target=64)
-    assert (result.status, result.error) == ("error", "AttributeError: module 'functools' has no attribute 'singledispatch'")
+    assert (result.status, result.error) == ("error", error)
 
 
-# --- the prompt, the judge and the loader say the same ------------------------------------------------------------
+# --- the prompt, the judge and the sandbox say the same -----------------------------------------------------------
 
 
 def test_the_prompt_states_the_contract():
@@ -250,166 +379,184 @@ def test_the_prompt_states_the_contract():
     for module in policy.MODULES:
         if module not in ("__future__", "collections.abc"):
             assert f" {module}," in prompt or f" {module} " in prompt, module
-    for rule in ("eval", "exec", "open", "__import__", "frames", "dunders", "__main__", "Top level"):
-        assert rule in prompt
+    for rule in ("eval", "exec", "open", "__import__", "frames", "dunders", "__main__", "Top level",
+                 "sys for constants, getsizeof, recursion limit", "Nothing outside its process"):  # fmt: skip
+        assert rule in prompt, rule
+
+
+def left_out(module: str) -> list[str]:
+    """The public names of an allowed module that the sandbox does not serve, with why, as the prompt says it."""
+    import importlib
+    import types
+
+    real = importlib.import_module(module)
+    out = []
+    for name in (n for n in dir(real) if not n.startswith("_")):
+        if not policy.served(module, name):
+            value = getattr(real, name)
+            if module == "sys":
+                out.append(f"sys.{name}: not a constant")  # "sys for constants, getsizeof, recursion limit"
+            else:
+                assert isinstance(value, types.ModuleType) and value.__name__ not in policy.MODULES, (module, name)
+                out.append(f"{module}.{name}: the module {value.__name__}")  # "import only ..."
+    return out
 
 
 @pytest.mark.parametrize("module", sorted(policy.MODULES))
-def test_every_name_the_contract_lists_is_in_the_sandbox(module):
-    """The loader serves each listed name that this Python's module has (a `from m import n` of each plays)."""
+def test_every_public_name_is_served_or_left_out_as_the_prompt_says(module):
+    """One contract: a public name of an allowed module is either in the sandbox's copy, or another module than the
+    allowed ones, or a name of sys that is not a constant; both said in the prompt. Every served name imports and
+    plays."""
     import importlib
 
+    left_out(module)  # asserts why each one is left out
     real = importlib.import_module(module)
-    listed = policy.MODULES[module]
-    names = sorted(n for n in dir(real) if not n.startswith("_")) if listed is policy.EVERYTHING else sorted(listed)
-    present = [n for n in names if hasattr(real, n)]
-    imports = "".join(f"from {module} import {n}\n" for n in present)
-    code = imports + "def strategy(board):\n    return 'A'\n"
-    if module == "__future__":
-        code = "from __future__ import annotations\n" + "def strategy(board):\n    return 'A'\n"
+    served = [n for n in dir(real) if not n.startswith("_") and policy.served(module, n)]
+    imports = "".join(f"from {module} import {n}\n" for n in served) if module != "__future__" else ""
+    code = "from __future__ import annotations\n" + imports + "def strategy(board):\n    return 'A'\n"
     assert rewards.analyse_code(code).playable, rewards.analyse_code(code)
     result = sandbox.play(code, seed=0, size=3, target=64, move_time_limit=5.0)
     assert result.status == "failed", result
 
 
-def test_public_names_the_contract_leaves_out_are_judged_missing_and_missing_in_the_sandbox():
-    for module, name in [("typing", "get_type_hints"), ("dataclasses", "make_dataclass"), ("string", "Formatter"),
-                         ("random", "SystemRandom"), ("contextlib", "redirect_stdout"), ("sys", "modules")]:  # fmt: skip
-        code = f"import {module}\ndef strategy(board):\n    return {module}.{name} and 'A'\n"
-        analysis = rewards.analyse_code(code)
-        assert not analysis.loadable and f"{module}.{name}" in analysis.structure, analysis
-        result = sandbox.play(code, seed=0, size=3, target=64)
-        assert result.status == "error" and "has no attribute" in result.error, result
+def test_what_the_contract_leaves_out_is_missing_in_the_sandbox():
+    assert "sys.modules: not a constant" in left_out("sys") and "sys._getframe" not in policy.SYS_NAMES
+    assert "dataclasses.builtins: the module builtins" in left_out("dataclasses")
+    for module, name in [("sys", "modules"), ("sys", "_getframe"), ("dataclasses", "builtins"), ("random", "_inst"),
+                         ("copy", "types")]:  # fmt: skip
+        past_the_judge = f"import {module}\ndef strategy(board):\n    return getattr({module}, {name!r} + '') and 'A'\n"
+        result = sandbox.play(past_the_judge, seed=0, size=3, target=64)
+        missing = f"AttributeError: module {module!r} has no attribute {name!r}"
+        assert (result.status, result.error) == ("error", missing)
 
 
-# --- a way past the contract scores like the forbidden import, or worse -----------------------------------------
+# --- whatever reaches past the contract scores exactly like the forbidden import --------------------------------
 
 FORBIDDEN_IMPORT = "import os\ndef strategy(board):\n    return 'A'\n"
+FORBIDDEN_SCORE = {"works": 1.0, "clean": -20.0, "game": 0.0}
+# Names of allowed modules that the contract leaves out, and what the prompt names: cheating, seen in the tree.
+FORBIDDEN_NAMES = {
+    "sys._getframe(1)": "import sys\ndef strategy(board):\n    return sys._getframe(1).f_locals and 'A'\n",
+    "sys.modules": "import sys\ndef strategy(board):\n    return sys.modules and 'A'\n",
+    "random._inst": "import random\ndef strategy(board):\n    return random._inst.choice('AS')\n",
+    "from sys import modules": "from sys import modules\ndef strategy(board):\n    return 'A'\n",
+    "dataclasses.builtins": "import dataclasses\ndef strategy(board):\n    return dataclasses.builtins and 'A'\n",
+    "__subclasses__": "def strategy(board):\n    return ().__class__.__base__.__subclasses__() and 'A'\n",
+    "eval": "def strategy(board):\n    return eval('\"A\"')\n",
+    "open": "def strategy(board):\n    return open('/etc/hostname') and 'A'\n",
+}
+
+
+def test_forbidden_names_score_exactly_like_the_forbidden_import():
+    names = sorted(FORBIDDEN_NAMES)
+    scores = scored([fenced(FORBIDDEN_IMPORT)] + [fenced(FORBIDDEN_NAMES[n]) for n in names])
+    assert scores[0] == FORBIDDEN_SCORE
+    for name, score in zip(names, scores[1:], strict=True):
+        assert score == FORBIDDEN_SCORE, (name, score)
+
+
+# Ways past the judge (it reads only the plain forms), each going on to act outside its process: to a file, a
+# signal, a process. The audit hook or the kernel sees them; which one does not matter to the score.
+ROUTE_TO_BUILTINS = """
+import functools
+class Grab:
+    def __init__(self):
+        object.__setattr__(self, "got", {})
+    def __setattr__(self, name, value):
+        self.got[name] = value
+def real_builtins():
+    g = Grab()
+    functools.update_wrapper(g, functools.update_wrapper, assigned=("__globals__",), updated=())
+    return g.got["__globals__"]["__builtins__"]  # functools' own module globals: read in functools' code
+"""
 ESCAPES = {
     "a dunder through getattr with a computed name": """
+        import random
         def strategy(board):
-            g = getattr(strategy, "__glo" + "bals__")
-            return g["__builtins__"]["eval"]("'A'")
+            b = getattr(random.choice, "__glo" + "bals__")["__builtins__"]  # random's module: the real builtins
+            return b["open"]("/etc/hostname") and "A"
     """,
     "a dunder through operator.attrgetter": """
-        import operator
+        import operator, random
         def strategy(board):
-            return operator.attrgetter("__glob" + "als__")(strategy)["__builtins__"] and "A"
+            b = operator.attrgetter("__glob" + "als__")(random.choice)["__builtins__"]
+            return b["__import__"]("os").getppid() and "A"
     """,
-    "a field name that renders as code, through dataclass": """
-        import dataclasses
-        class Name(str):
-            def isidentifier(self):
-                return True
-            def __format__(self, spec):
-                return "x=__import__('os').system('true')#"
-        def strategy(board):
-            key = "__annot" + "ations__"
-            cls = type("X", (), {key: {Name("x"): int}})
-            dataclasses.dataclass(cls)
-            return "A"
-    """,
-    "the class behind a wrapped factory, to build a function": """
-        import operator
-        def strategy(board):
-            function = type(operator.attrgetter("real"))
-            code = getattr(strategy, "__co" + "de__")
-            return function(code, {})(board)
-    """,
-    "any attribute through functools.update_wrapper": """
-        import functools
-        class Grab:
-            def __init__(self):
-                object.__setattr__(self, "got", {})
-            def __setattr__(self, name, value):
-                self.got[name] = value
-        def strategy(board):
-            g = Grab()
-            functools.update_wrapper(g, functools.update_wrapper, assigned=("__globals__",), updated=())
-            return g.got["__globals__"]["__builtins__"]["eval"]("'A'")
-    """,
-    "a type's descriptors through functools.cached_property": """
+    "a type's descriptor through functools.cached_property": """
         import collections, functools
         def strategy(board):
             cp = functools.cached_property(len)
             cp.attrname = "__globals__"
-            globals_of = cp.__get__(type(strategy))
-            return globals_of.__get__(collections.namedtuple)["__builtins__"]["eval"]("'A'")
+            g = cp.__get__(type(strategy)).__get__(collections.namedtuple)
+            return g["_sys"].modules["os"].kill(0, 0) and "A"
     """,
-    "another module's namespace through Enum._convert_": """
+    "another module's namespace through a computed Enum._convert_": """
         import enum
         def strategy(board):
-            leak = enum.Enum._convert_("Leak", "builtins", lambda name: name == "getattr")
-            return leak.getattr.value(strategy, "__globals__") and "A"
-    """,
-    "a dunder bound by a capture pattern in a class body": """
-        class Base:
-            match ("__traceback__",):
-                case __match_args__:
-                    pass
-        class Oops(Base, Exception):
-            pass
-        def strategy(board):
-            try:
-                raise Oops()
-            except Oops as e:
-                match e:
-                    case Base(tb):
-                        return "A" if tb else "S"
-    """,
-    "super() redirected by nonlocal __class__": """
-        import abc
-        def strategy(board):
-            __class__ = None
-            def poke():
-                nonlocal __class__
-                __class__ = abc.ABCMeta
-            poke()
-            return "A"
-    """,
-    "dunder keys in a class made by type()": """
-        import copy
-        def strategy(board):
-            X = type("X", (), {"__reduce_" + "ex__": lambda self, protocol: (list, ())})
-            return "A" if copy.copy(X()) == [] else "S"
+            convert = getattr(enum.Enum, "_conv" + "ert_")
+            leak = convert("Leak", "builtins", lambda name: name == "open")
+            return leak.open.value("/etc/hostname") and "A"
     """,
     "a metaclass that rewrites __match_args__ for a class pattern": """
-        import abc
+        import abc, random
         class Meta(abc.ABCMeta):
             def poke(cls, name, value):
                 super().__setattr__(name, value)
         class P(metaclass=Meta):
             pass
         def strategy(board):
-            P.poke("__match" + "_args__", ("__globals__",))
-            P.register(type(strategy))
-            match strategy:
+            P.poke("__match_args__", ("__globals__",))
+            P.register(type(random.choice))
+            match random.choice:
                 case P(g):
-                    return g["__builtins__"]["eval"]("'A'")
+                    return g["__builtins__"]["open"]("/etc/hostname") and "A"
             return "A"
     """,
+    "functools' globals through update_wrapper, then os": ROUTE_TO_BUILTINS + textwrap.dedent("""
+        def strategy(board):
+            os = real_builtins()["__import__"]("os")
+            os.kill(os.getppid(), 0)
+            return "A"
+    """),
+    "code made to look like the library's, past the audit hook: only the kernel sees it": ROUTE_TO_BUILTINS
+    + textwrap.dedent("""
+        def strategy(board):
+            b = real_builtins()
+            text = "import os\\ntry:\\n    os.kill(os.getppid(), 0)\\nexcept OSError:\\n    pass"
+            code = b["compile"](text, getattr(b["__import__"]("dataclasses"), "__fi" + "le__"), "exec")
+            functools.singledispatch(b["exec"])(code, {"__builtins__": b})  # exec called in functools' code
+            return "A"
+    """),
 }
 
 
-def test_escapes_score_no_better_than_the_forbidden_import():
-    completions = [fenced(FORBIDDEN_IMPORT)] + [fenced(code) for code in ESCAPES.values()]
-    scores = scored(completions)
-    refused = sum(scores[0].values())
-    assert scores[0] == {"works": 1.0, "clean": -20.0, "game": 0.0}
-    for name, score in zip(ESCAPES, scores[1:], strict=True):
-        assert score["clean"] == -20.0 and score["game"] == 0.0, (name, score)
-        assert sum(score.values()) <= refused, (name, score)
+def test_escapes_that_act_outside_score_exactly_like_the_forbidden_import():
+    names = sorted(ESCAPES)
+    codes = [textwrap.dedent(ESCAPES[n]).strip() + "\n" for n in names]
+    for name, code in zip(names, codes, strict=True):
+        assert rewards.analyse_code(code).playable, (name, rewards.analyse_code(code))  # the judge misses each
+    scores = scored([fenced(FORBIDDEN_IMPORT)] + [fenced(c) for c in codes])
+    for name, score in zip(names, scores[1:], strict=True):
+        assert score == scores[0] == FORBIDDEN_SCORE, (name, score)
 
 
-@pytest.mark.parametrize("name", sorted(ESCAPES))
-def test_each_escape_is_caught_by_the_judge_or_at_run_time(name):
-    code = textwrap.dedent(ESCAPES[name]).strip() + "\n"
-    analysis = rewards.analyse_code(code)
-    result = sandbox.play(code, seed=0, size=3, target=64)
-    assert analysis.cheats or result.status == "violation", (analysis, result)
+def test_the_escape_past_the_audit_hook_is_seen_by_the_kernel():
+    name = "code made to look like the library's, past the audit hook: only the kernel sees it"
+    result = sandbox.play(textwrap.dedent(ESCAPES[name]), seed=0, size=3, target=64)
+    assert (result.status, result.error) == ("violation", sandbox_server.SECCOMP_KILL)
 
 
-# --- the audit hook, alone: code already out of Python (every builtin and module) --------------------------------
+def test_an_escape_that_stays_inside_its_process_gains_nothing():
+    """Out of Python but inside its process, an answer reads what it likes there (here every module the child holds)
+    and plays: no seed, no game, no engine to reach, so it scores exactly like the same player without the escape."""
+    greedy = strategies.source("greedy")
+    reads = ROUTE_TO_BUILTINS + "\n_SEEN = sorted(real_builtins()['__import__']('sys').modules)\n\n" + greedy
+    assert rewards.analyse_code(reads).playable
+    escaped, honest = scored([fenced(reads), fenced(greedy)])
+    assert escaped == honest and honest["game"] > 0, (escaped, honest)
+
+
+# --- the audit hook, alone: code already out of Python (every builtin and module, no judge) ---------------------
 
 AUDITED = {
     "eval": "return eval('\"A\"')",
@@ -423,23 +570,7 @@ AUDITED = {
     "a code object": "return strategy.__code__ and 'A'",
     "a function from code": "return type(strategy)(compile('1', 'x', 'eval'), {})() and 'A'",
     "another audit hook": "import sys\nsys.addaudithook(lambda *a: None)\nreturn 'A'",
-    "dataclasses' generator, called directly": "import dataclasses\nreturn dataclasses._create_fn('f', '', ' return 1') and 'A'",
-    "a dataclass with no checked fields": "import dataclasses\nX = type('X', (), {'__annotations__': {'x': int}})\n"
-    "dataclasses.dataclass(X)\nreturn 'A'",
     "caught": "try:\n    eval('1')\nexcept BaseException:\n    pass\nreturn 'A'",
-    # the hook never runs the strategy's code while it looks (a key whose __eq__ would run while it checks a class)
-    "code run inside the hook's own look-up": "import sys\nchecked = sys.modules['sandbox_child']._CHECKS['dataclass']\n"
-    "class Key:\n    def __hash__(self):\n        return hash('__dataclass_fields__')\n"
-    "    def __eq__(self, other):\n        eval('1')\n        return False\n"
-    "checked(type('C', (), {'__annotations__': {'x': int}, Key(): 0}))\nreturn 'A'",
-    # dataclasses' generator, called with text of our own while the checked wrapper processes a checked class
-    "our text through dataclasses' window": "import sys, dataclasses\n"
-    "checked = sys.modules['sandbox_child']._CHECKS['dataclass']\n"
-    "class Default:\n    def __get__(self, obj, owner=None):\n"
-    "        dataclasses._create_fn('f', [], ['return ().__class__.__base__.__subclasses__()'])\n        return 0\n"
-    "checked(type('C', (), {'__annotations__': {'x': int}, 'x': Default()}))\nreturn 'A'",
-    "a frame through an exempt module's caller": "import sys, collections\ncm = collections.ChainMap()\n"
-    "cm.__missing__ = sys._getframe\nreturn cm[0] and 'A'",
     "after replacing what the hook might use": "import builtins, sys\nbuiltins.len = builtins.isinstance = lambda *a: 0\n"
     "child = sys.modules['sandbox_child']\nchild._violation = child.reply_frame = child.policy = None\n"
     "return eval('\"A\"')",
@@ -458,6 +589,13 @@ def test_without_the_hook_the_same_code_runs():
     result = sandbox.play("def strategy(board):\n    return eval('\"A\"')\n", seed=0, size=3, target=64,
                           _unrestricted=True)  # fmt: skip
     assert result.status == "failed", result
+
+
+def test_the_judge_alone_refuses_without_a_process():
+    """The judge's own wall: a plain forbidden form is a violation in the trainer's side of the sandbox, before any
+    process exists (nothing to time, nothing played)."""
+    result = sandbox.play(FORBIDDEN_IMPORT, seed=0, size=3, target=64)
+    assert result == sandbox.GameResult("violation", error="import of 'os'")
 
 
 # --- model code is never compiled in the trainer -----------------------------------------------------------------

@@ -166,8 +166,9 @@ def test_judging_a_pathological_answer_takes_well_under_a_second(text):
         ("class strategy:\n    pass\ndef strategy(board): pass\n", -0.5),
         # a method called strategy is its class's own
         ("class P:\n    def strategy(self, b):\n        return 'W'\ndef strategy(board):\n    return P().strategy(board)\n", 1.0),
-        ("import functools\ndef strategy(board):\n    functools.singledispatch\n    return 'W'\n", -0.5),
-        ("from typing import get_type_hints\ndef strategy(board):\n    return 'W'\n", -0.5),  # not in the sandbox
+        ("import functools\ndef strategy(board):\n    functools.singledispatch\n    return 'W'\n", 1.0),
+        ("from typing import get_type_hints\ndef strategy(board):\n    return 'W'\n", 1.0),
+        ("import sys\ndef strategy(board):\n    return sys._getframe(1) and 'W'\n", 1.0),  # loadable: it cheats
         ("def strategy(board):\n    return 'W'\n  oops\n", -2.0),  # syntax error
         # The compiler's own errors (`return` outside a function) are the sandbox's to find: the judge only parses.
         ("def strategy(board):\n    return 'W'\nreturn 1\n", -0.5),
@@ -196,18 +197,7 @@ CHEATS = {
     "globals": "def strategy(board):\n    globals()\n    return 'W'\n",
     "vars": "def strategy(board):\n    vars()\n    return 'W'\n",
     "getattr dunder": "def strategy(board):\n    getattr(board, '__dict__')\n    return 'W'\n",
-    "type.__setattr__": "def strategy(board):\n    class P:\n        pass\n    type.__setattr__(P, 'x', 1)\n    return 'W'\n",
-    "super(...) with arguments": "def strategy(board):\n    class P:\n        def f(self):\n"
-    "            super(P, self).__setattr__('x', 1)\n    return 'W'\n",
-    "positional pattern on a class with a metaclass": "import abc\nclass P(abc.ABC):\n    pass\ndef strategy(board):\n"
-    "    match board:\n        case P(g):\n            pass\n    return 'W'\n",
     "input builtin": "def strategy(board):\n    return input()\n",
-    "match args": "def strategy(board):\n    class P:\n        __match_args__ = ('__globals__',)\n    return 'W'\n",
-    "positional class pattern": "def strategy(board):\n    match board:\n        case P(g):\n            pass\n    return 'W'\n",
-    "rebound builtin in a class pattern": "def strategy(board):\n    int = type('X', (), {})\n    match board:\n"
-    "        case int(g):\n            pass\n    return 'W'\n",
-    "instancecheck": "def strategy(board):\n    class M(type):\n        def __instancecheck__(c, o):\n            return 1\n"
-    "    return 'W'\n",
     "setattr dunder": "def strategy(board):\n    setattr(board, '__dict__', 1)\n    return 'W'\n",
     "__subclasses__": "def strategy(board):\n    ().__class__.__base__.__subclasses__()\n    return 'W'\n",
     "__globals__": "def strategy(board):\n    strategy.__globals__\n    return 'W'\n",
@@ -222,6 +212,13 @@ CHEATS = {
     "threading": "def strategy(board):\n    import threading\n    return 'W'\n",
     "socket": "def strategy(board):\n    import socket\n    return 'W'\n",
     "importlib": "def strategy(board):\n    import importlib\n    return 'W'\n",
+    # names of allowed modules that the contract leaves out: cheating, not a mistake of structure
+    "sys._getframe": "import sys\ndef strategy(board):\n    return sys._getframe(1) and 'W'\n",
+    "sys.modules": "import sys\ndef strategy(board):\n    return sys.modules and 'W'\n",
+    "from sys import modules": "from sys import modules\ndef strategy(board):\n    return 'W'\n",
+    "random._inst": "import random\ndef strategy(board):\n    return random._inst.choice('WASD')\n",
+    "a module outside the list through an allowed one": "import dataclasses\ndef strategy(board):\n"
+    "    return dataclasses.builtins and 'W'\n",
 }
 
 
@@ -260,6 +257,14 @@ HONEST = {
     "            return 'A'\n    return 'S'\n",
     "a computed attribute name": "def strategy(board):\n    return getattr('ws', 'up' + 'per')()[0]\n",
     "an odd annotation": "def strategy(board):\n    def helper(x: (y := 1)):\n        return x\n    return 'W'\n",
+    # what only an escape within the process could misuse, and the kernel sees any step out of it
+    "super(...) with arguments": "def strategy(board):\n    class P:\n        def f(self):\n"
+    "            super(P, self).__setattr__('x', 1)\n    P().f()\n    return 'W'\n",
+    "a positional pattern on a class with a metaclass": "import abc\nclass P(abc.ABC):\n    __match_args__ = ('v',)\n"
+    "    def __init__(self, v):\n        self.v = v\ndef strategy(board):\n    match P(board[0][0]):\n"
+    "        case P(0):\n            return 'A'\n    return 'W'\n",
+    "a metaclass with __instancecheck__": "class M(type):\n    def __instancecheck__(cls, obj):\n        return True\n"
+    "class Any(metaclass=M):\n    pass\ndef strategy(board):\n    return 'W' if isinstance(board, Any) else 'A'\n",
 }
 
 
