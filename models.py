@@ -33,6 +33,7 @@ GPT_OSS_EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]  # fused
 # Unsloth puts a default run's expert LoRA on those Linears (target_modules gate_up_projs.<e>, down_projs.<e>).
 GPT_OSS_FUSED = ("gate_up_proj", "down_proj")
 SPLIT_EXPERT = re.compile(r"(?P<experts>.*\.experts)\.(?P<kind>gate_up_projs|down_projs)\.(?P<index>\d+)$")
+SPLIT_TARGET = re.compile(r"(gate_up_projs|down_projs)\.\d+")  # Unsloth's target_modules entry for one expert
 # Unsloth's split 4-bit checkpoints, and the same weights in transformers' fused layout (which evaluation can load)
 FUSED_CHECKPOINT = {
     "unsloth/gpt-oss-20b-unsloth-bnb-4bit": "unsloth/gpt-oss-20b-BF16",
@@ -293,7 +294,7 @@ def split_expert_lora(adapter) -> bool:
     targets = config.get("target_modules") or []
     if isinstance(targets, str):
         return "gate_up_projs" in targets or "down_projs" in targets
-    return any(re.fullmatch(r"(gate_up_projs|down_projs)\.\d+", t) for t in targets)
+    return any(SPLIT_TARGET.fullmatch(t) for t in targets)
 
 
 def attach_split_expert_lora(model, folder: Path):
@@ -308,10 +309,10 @@ def attach_split_expert_lora(model, folder: Path):
     targets = config.get("target_modules") or []
     if isinstance(targets, str):
         raise ValueError(f"{folder}: expert LoRA given as a pattern ({targets[:80]}); only a list can be mapped")
-    kinds = sorted({t.split(".")[0] for t in targets if re.fullmatch(r"(gate_up_projs|down_projs)\.\d+", t)})
+    kinds = sorted({t.split(".")[0] for t in targets if SPLIT_TARGET.fullmatch(t)})
     fused = LoraConfig(
         r=config["r"], lora_alpha=config["lora_alpha"], use_rslora=config.get("use_rslora", False),
-        target_modules=[t for t in targets if not re.fullmatch(r"(gate_up_projs|down_projs)\.\d+", t)],
+        target_modules=[t for t in targets if not SPLIT_TARGET.fullmatch(t)],
         target_parameters=[f"mlp.experts.{kind.removesuffix('s')}" for kind in kinds],
         lora_dropout=0.0, bias=config.get("bias", "none"), task_type=config.get("task_type"),
     )  # fmt: skip
