@@ -12,21 +12,35 @@
 2. Per-child overhead: 200 trivial one-move games (the strategy answers an invalid key), one at a time
    with play() and all at once with play_many, against the same games in-process.
 3. Scaling: a CPU-bound batch with workers=1 and workers=all cores.
+4. Set-up per game: for answers of each baseline's size, the referee's time from its job to the child's first reply
+   (the code compiled and run, then one board answered with an invalid key, which ends the game), one game at a time:
+   what a game waits for, since referees and children are forked ahead as spares. Beside it, the trainer's wall time
+   per game of the smallest answer through play_many on all cores. `--compare DIR` runs this part for this checkout
+   and for another one (say an older commit's `git archive`) in alternating fresh processes, and prints both.
+5. `--actions`: what a refused system call costs under each seccomp action (ERRNO, KILL_PROCESS, TRAP, NOTIFY), and
+   whether a process other than the child sees it (x86_64).
 
     .venv/bin/python bench/bench_sandbox.py [--repeats 3]
+    .venv/bin/python bench/bench_sandbox.py --compare /tmp/before [--repeats 5] [--games 200]
+    .venv/bin/python bench/bench_sandbox.py --actions [--children 200]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import select
 import signal
 import statistics
+import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+_root = sys.argv[sys.argv.index("--root") + 1] if "--root" in sys.argv else os.path.join(HERE, "..")
+sys.path.insert(0, _root)  # the checkout whose sandbox is measured (--root: another one, for --compare)
 
 import game2048  # noqa: E402
 import sandbox  # noqa: E402
@@ -129,11 +143,131 @@ def per_child(n: int) -> dict[str, float]:
     return out
 
 
+SETUP_ANSWERS = ("trivial", "random", "greedy", "corner", "expectimax")
+
+
+def setup_answer(name: str) -> str:
+    """An answer holding a baseline's code (helpers, classes, constants) whose strategy answers an invalid key."""
+    invalid = "def strategy(board):\n    return 'Q'\n"
+    if name == "trivial":
+        return invalid
+    return strategies.source(name).replace("def strategy(", "def _baseline(", 1) + "\n" + invalid
+
+
+def setup_costs(games: int) -> dict[str, float]:
+    """Milliseconds, medians over `games` games: the set-up of each answer (referee side, one game at a time), and the
+    trainer's wall time per game of the trivial answer through play_many on all cores."""
+    sandbox.start()
+    out = {}
+    for name in SETUP_ANSWERS:
+        results = sandbox.play_many([(setup_answer(name), i, sandbox.Game(**BOARD)) for i in range(games)], workers=1)
+        assert all(r.status == "invalid" for r in results), results[0]
+        out[name] = statistics.median(r.seconds for r in results) * 1000
+    t = time.perf_counter()
+    sandbox.play_many([(setup_answer("trivial"), i, sandbox.Game(**BOARD)) for i in range(games)])
+    out["wall per game, play_many"] = (time.perf_counter() - t) / games * 1000
+    sandbox.shutdown()
+    return out
+
+
+def compare(other: str, repeats: int, games: int) -> None:
+    """The set-up figures of this checkout and of `other`, measured in alternating fresh processes; medians."""
+    sides = {"this checkout": os.path.join(HERE, ".."), other: other}
+    runs = {side: [] for side in sides}
+    for r in range(repeats):
+        for side, root in sides.items():
+            cmd = [sys.executable, os.path.abspath(__file__), "--setup-only", "--root", root, "--games", str(games)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            runs[side].append(json.loads(out.stdout.splitlines()[-1]))
+        print(f"round {r}: " + "; ".join(f"{side}: {runs[side][-1]['expectimax']:.2f} ms (expectimax)" for side in sides))
+    print(f"\nset-up per game, ms (median of {repeats} runs of {games} games each; load average {os.getloadavg()}):")
+    print(f"  {'answer':28s}" + "".join(f"{side[-24:]:>26s}" for side in sides))
+    for key in runs["this checkout"][0]:
+        print(f"  {key:28s}" + "".join(f"{statistics.median(run[key] for run in runs[side]):26.2f}" for side in sides))
+
+
+def seccomp_actions(children: int) -> dict[str, dict[str, float]]:
+    """What a call outside the allowlist costs under each action pyseccomp offers, and whether a process the child
+    cannot touch sees it. Forked children install the filter sandbox_child builds (with that default action) and then,
+    honest, exit, or, escaped, make one refused call (getppid) and exit if they survive. Milliseconds per child, fork to
+    reaped, medians. NOTIFY needs the filter installed with seccomp(NEW_LISTENER) and the listener handed to the parent
+    (here pidfd_getfd), which then sees the call and kills the child, as a referee would."""
+    import ctypes
+
+    import sandbox_child
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    sys_seccomp, sys_pidfd_open, sys_pidfd_getfd = 317, 434, 438  # x86_64
+    out = {}
+    for action in ("ERRNO", "KILL_PROCESS", "TRAP", "NOTIFY"):
+        program, why = sandbox_child.build_seccomp(action)
+        assert program is not None, why
+        out[action] = {}
+        for escaped in (False, True):
+            times, seen = [], 0
+            for _ in range(children):
+                r, w = os.pipe()
+                go_r, go_w = os.pipe()
+                t = time.perf_counter()
+                pid = os.fork()
+                if pid == 0:
+                    os.dup2(go_r, 3)  # the filter lets the child read fd 3 and write fd 4 only
+                    os.dup2(w, 4)
+                    if action == "NOTIFY":
+                        sandbox_child.prctl(38, 1)  # PR_SET_NO_NEW_PRIVS
+                        fd = libc.syscall(sys_seccomp, 1, 8, ctypes.byref(program.fprog))  # SET_MODE_FILTER, listener
+                        os.write(4, fd.to_bytes(4, "little"))
+                        os.read(3, 1)  # until the parent holds the listener
+                    else:
+                        program.load()
+                    if escaped:
+                        os.getppid()
+                    os._exit(0)
+                os.close(w)
+                if action == "NOTIFY":
+                    fd = int.from_bytes(os.read(r, 4), "little")
+                    pidfd = libc.syscall(sys_pidfd_open, pid, 0)
+                    listener = libc.syscall(sys_pidfd_getfd, pidfd, fd, 0)
+                    assert listener >= 0, ctypes.get_errno()
+                    os.write(go_w, b"g")
+                    if escaped and select.select([listener], [], [], 5)[0]:  # a notification is pending
+                        seen += 1
+                        os.kill(pid, signal.SIGKILL)
+                    os.close(listener)
+                    os.close(pidfd)
+                status = os.waitpid(pid, 0)[1]
+                times.append((time.perf_counter() - t) * 1000)
+                seen += action != "NOTIFY" and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSYS
+                for fd in (r, go_r, go_w):
+                    os.close(fd)
+            kind = "escaped" if escaped else "honest"
+            out[action][kind] = statistics.median(times)
+            if escaped:
+                out[action]["seen outside the child"] = seen / children
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--children", type=int, default=200, help="trivial games for the overhead figure")
+    parser.add_argument("--games", type=int, default=200, help="games per answer for the set-up figures")
+    parser.add_argument("--compare", metavar="DIR", help="set-up per game of this checkout against the one in DIR")
+    parser.add_argument("--actions", action="store_true", help="only the cost of each seccomp action per child")
+    parser.add_argument("--setup-only", action="store_true", help=argparse.SUPPRESS)  # one side of --compare, as JSON
+    parser.add_argument("--root", help=argparse.SUPPRESS)  # the checkout to measure (read before the imports above)
     args = parser.parse_args()
+    if args.setup_only:
+        print(json.dumps(setup_costs(args.games)))
+        return
+    if args.compare:
+        compare(os.path.abspath(args.compare), args.repeats, args.games)
+        return
+    if args.actions:
+        print(f"per child, ms, medians of {args.children} (load average {os.getloadavg()}):")
+        for action, figures in seccomp_actions(args.children).items():
+            print(f"  {action:13s} " + ", ".join(f"{k} {v:.2f}" for k, v in figures.items()))
+        return
 
     sandbox.start()
     cores = len(os.sched_getaffinity(0))
@@ -183,6 +317,10 @@ def main():
         f"\nscaling, {len(cpu_batch)} CPU-bound games: 1 worker {m1:.2f} s, {cores} workers {mn:.2f} s -> {m1 / mn:.2f}x"
     )
     sandbox.shutdown()
+    costs = [setup_costs(args.games) for _ in range(args.repeats)]
+    print(f"\nset-up per game, ms (median of {args.repeats} runs of {args.games} games each):")
+    for key in costs[0]:
+        print(f"  {key:28s} {statistics.median(c[key] for c in costs):7.2f}")
 
 
 if __name__ == "__main__":
