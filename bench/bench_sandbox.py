@@ -15,13 +15,13 @@
 4. Set-up per game: for answers of each baseline's size, the referee's time from its job to the child's first reply
    (the code compiled and run, then one board answered with an invalid key, which ends the game), one game at a time:
    what a game waits for, since referees and children are forked ahead as spares. Beside it, the trainer's wall time
-   per game of the smallest answer through play_many on all cores. `--compare DIR` runs this part for this checkout
-   and for another one (say an older commit's `git archive`) in alternating fresh processes, and prints both.
+   per game of the smallest answer through play_many on all cores. `--compare DIR...` runs this part for this checkout
+   and for others (say older commits' `git archive`) in alternating fresh processes, and prints them side by side.
 5. `--actions`: what a refused system call costs under each seccomp action (ERRNO, KILL_PROCESS, TRAP, NOTIFY), and
    whether a process other than the child sees it (x86_64).
 
     .venv/bin/python bench/bench_sandbox.py [--repeats 3]
-    .venv/bin/python bench/bench_sandbox.py --compare /tmp/before [--repeats 5] [--games 200]
+    .venv/bin/python bench/bench_sandbox.py --compare /tmp/before [/tmp/older ...] [--repeats 5] [--games 200]
     .venv/bin/python bench/bench_sandbox.py --actions [--children 200]
 """
 
@@ -170,9 +170,9 @@ def setup_costs(games: int) -> dict[str, float]:
     return out
 
 
-def compare(other: str, repeats: int, games: int) -> None:
-    """The set-up figures of this checkout and of `other`, measured in alternating fresh processes; medians."""
-    sides = {"this checkout": os.path.join(HERE, ".."), other: other}
+def compare(others: list[str], repeats: int, games: int) -> None:
+    """The set-up figures of this checkout and of the `others`, measured in alternating fresh processes; medians."""
+    sides = {"this checkout": os.path.join(HERE, "..")} | {other: other for other in others}
     runs = {side: [] for side in sides}
     for r in range(repeats):
         for side, root in sides.items():
@@ -252,7 +252,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--children", type=int, default=200, help="trivial games for the overhead figure")
     parser.add_argument("--games", type=int, default=200, help="games per answer for the set-up figures")
-    parser.add_argument("--compare", metavar="DIR", help="set-up per game of this checkout against the one in DIR")
+    parser.add_argument("--compare", metavar="DIR", nargs="+", help="set-up per game of this checkout and those in DIR")
     parser.add_argument("--actions", action="store_true", help="only the cost of each seccomp action per child")
     parser.add_argument("--setup-only", action="store_true", help=argparse.SUPPRESS)  # one side of --compare, as JSON
     parser.add_argument("--root", help=argparse.SUPPRESS)  # the checkout to measure (read before the imports above)
@@ -261,7 +261,7 @@ def main():
         print(json.dumps(setup_costs(args.games)))
         return
     if args.compare:
-        compare(os.path.abspath(args.compare), args.repeats, args.games)
+        compare([os.path.abspath(d) for d in args.compare], args.repeats, args.games)
         return
     if args.actions:
         print(f"per child, ms, medians of {args.children} (load average {os.getloadavg()}):")
