@@ -1,9 +1,11 @@
 """Hostile strategies against the sandbox: every attack class of GUIDE.md section 3, each contained.
 
-Most attacks die at the Python layer (import/builtins allowlist, attribute checks). So that each OS
-layer is proven on its own, many run again with `_unrestricted=True` (full builtins, any import):
-then only seccomp, rlimits, the process jail and the group kill stand between the code and us. A few
-run on a server started without seccomp, to prove the process-tree clean-up on its own.
+Plain forms die at the Python layer (the judge, the module and builtins allowlist). So that each OS
+layer is proven on its own, attacks run with `_unrestricted=True` (full builtins, any import, no hook):
+then only seccomp, rlimits, the process jail and the group kill stand between the code and us, and every
+step outside the process must end the game as a `violation` (the kernel kills the child, the referee
+reports it), scored like the forbidden import. A few run on a server started without seccomp, to prove
+the process-tree clean-up, the rlimits and the change of user on their own.
 
 Every test checks: the status (never success by cheating), the time (limit + 1 s), that we are
 alive, that no file appeared or changed outside the sandbox, that no connection reached our
@@ -26,6 +28,7 @@ import pytest
 
 import game2048
 import sandbox
+import sandbox_server
 import strategies
 
 MARK = "train2048-attack-marker"
@@ -295,7 +298,7 @@ def test_a_bystander_is_out_of_reach(world):
     canary = subprocess.Popen(["sleep", "30"])
     try:
         r = attack(escaped(f"os.kill({canary.pid}, signal.SIGKILL)", world), "violation", unrestricted=True)
-        assert r.error == SECCOMP_KILL and canary.poll() is None
+        assert r.error == sandbox_server.SECCOMP_KILL and canary.poll() is None
     finally:
         canary.kill()
         canary.wait()
@@ -497,7 +500,6 @@ INSIDE = [
     "time.sleep(0.001)",
     "print('to /dev/null')",
 ]
-SECCOMP_KILL = "a system call outside the sandbox's allowlist: the kernel killed the process"
 
 
 def escaped(step: str, world=None) -> str:
@@ -518,7 +520,7 @@ needs_x86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="system
 @pytest.mark.parametrize("step", sorted(OUTSIDE))
 def test_every_step_outside_the_process_is_seen_by_the_kernel(world, walls, step):
     r = attack(escaped(OUTSIDE[step], world), "violation", unrestricted=True)
-    assert r.error == SECCOMP_KILL and r.moves == 0
+    assert r.error == sandbox_server.SECCOMP_KILL and r.moves == 0
 
 
 @needs_x86_64
@@ -546,7 +548,7 @@ def test_each_step_outside_scores_exactly_like_the_forbidden_import(monkeypatch)
     assert forbidden == FORBIDDEN_SCORE
     for step, score, verdict in zip(steps, scores, verdicts, strict=True):
         assert score == forbidden, (step, score)
-        assert not verdict.analysis.cheats and verdict.violation == SECCOMP_KILL, (step, verdict)  # played, then seen
+        assert not verdict.analysis.cheats and verdict.violation == sandbox_server.SECCOMP_KILL, (step, verdict)  # played, then seen
 
 
 @needs_x86_64
