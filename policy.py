@@ -27,8 +27,8 @@ import sys
 import types
 
 # The standard-library modules a strategy may import: pure computation. The sandbox serves each as a copy that holds
-# every public name of it, other modules among them only when they are allowed too (so not dataclasses.builtins or
-# copy.types), and for sys only SYS_NAMES.
+# every public name of it (public_names), other modules among them only when they are allowed too (so not
+# contextlib.os or enum.bltns, which is builtins), and for sys only SYS_NAMES.
 MODULES = frozenset({
     "__future__", "abc", "array", "bisect", "cmath", "collections", "collections.abc", "contextlib", "copy",
     "dataclasses", "decimal", "enum", "fractions", "functools", "heapq", "itertools", "math", "numbers", "operator",
@@ -100,6 +100,14 @@ def attribute_allowed(name: str) -> bool:
     """An attribute name a strategy may read or write: no dunder outside SAFE_DUNDERS, no introspection. (Private
     names are judged against the code's own.)"""
     return name not in INTROSPECTION_ATTRIBUTES and (not is_dunder(name) or name in SAFE_DUNDERS)
+
+
+def public_names(module: str) -> list[str]:
+    """The public names of an allowed module on this Python: dir() and __all__, which also holds the names a module
+    makes on first use (3.13's typing makes Match, Pattern, ContextManager in its __getattr__, absent from dir())."""
+    real = importlib.import_module(module)
+    names = set(dir(real)) | set(getattr(real, "__all__", ()))
+    return sorted(n for n in names if not n.startswith("_") and hasattr(real, n))
 
 
 def served(module: str, name: str) -> bool:
@@ -249,8 +257,10 @@ def _is_main_guard(node: ast.stmt) -> bool:
     return isinstance(node.test.ops[0], ast.Eq) and len(names) == 1 and len(mains) == 1
 
 
+# A `type X = ...` alias (3.12+) is a definition too: it binds a name and runs nothing until its value is read.
+_TYPE_ALIAS = (ast.TypeAlias,) if sys.version_info >= (3, 12) else ()
 _DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign,
-                ast.AnnAssign, ast.AugAssign, ast.Pass)  # fmt: skip
+                ast.AnnAssign, ast.AugAssign, ast.Pass, *_TYPE_ALIAS)  # fmt: skip
 
 
 def _top_level_names(node: ast.stmt) -> set[str]:
@@ -260,7 +270,7 @@ def _top_level_names(node: ast.stmt) -> set[str]:
     if isinstance(node, ast.Import | ast.ImportFrom):
         return {alias.asname or alias.name.partition(".")[0] for alias in node.names}
     targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-        node, ast.AnnAssign | ast.AugAssign) else []  # fmt: skip
+        node, ast.AnnAssign | ast.AugAssign) else [node.name] if isinstance(node, _TYPE_ALIAS) else []  # fmt: skip
     return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
 
 

@@ -355,7 +355,7 @@ def prepare_runtime() -> None:
         _PROXIES[name] = types.ModuleType(name, getattr(sys.modules[name], "__doc__", None))
     for name, proxy in _PROXIES.items():  # every name policy.served says, other allowed modules as their copies
         real = sys.modules[name]
-        for attr in policy.SYS_NAMES if name == "sys" else [n for n in dir(real) if not n.startswith("_")]:
+        for attr in policy.SYS_NAMES if name == "sys" else policy.public_names(name):
             if hasattr(real, attr) and policy.served(name, attr):
                 value = getattr(real, attr)
                 setattr(proxy, attr, _PROXIES[value.__name__] if isinstance(value, types.ModuleType) else value)

@@ -4,10 +4,12 @@ and honest code never trips a wall; whatever reaches past it scores exactly like
 escape does inside its own process gains it nothing; nothing a model writes is compiled in the trainer's process; an
 answer that stalls is not played to the limit in every game."""
 
+import importlib
 import json
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -334,6 +336,20 @@ HONEST = {
     """,
 }
 
+if sys.version_info >= (3, 12):  # this syntax is new in 3.12 (a SyntaxError before): type aliases are definitions
+    HONEST["3.12's type statement and type parameters"] = """
+        type Board = list[list[int]]
+        class Box[T]:
+            def __init__(self, value: T):
+                self.value = value
+        def first[T](items: list[T]) -> T:
+            return items[0]
+        def strategy(board: Board):
+            type Row = list[int]
+            row: Row = first(board)
+            return "WASD"[Box(row[0]).value % 4]
+    """
+
 
 @pytest.mark.parametrize("name", sorted(HONEST))
 def test_honest_code_is_judged_clean_and_plays(name):
@@ -384,21 +400,25 @@ def test_the_prompt_states_the_contract():
         assert rule in prompt, rule
 
 
-def left_out(module: str) -> list[str]:
-    """The public names of an allowed module that the sandbox does not serve, with why, as the prompt says it."""
-    import importlib
-    import types
-
+def public_names(module: str) -> list[str]:
+    """Every public name of an allowed module on the running Python, derived here, not from the product: dir() and
+    __all__ (3.13's typing makes Match, Pattern, ContextManager on first use: in __all__, in dir() only once made)."""
     real = importlib.import_module(module)
-    out = []
-    for name in (n for n in dir(real) if not n.startswith("_")):
+    return sorted(n for n in set(dir(real)) | set(getattr(real, "__all__", ())) if not n.startswith("_"))
+
+
+def left_out(module: str) -> dict[str, str]:
+    """The public names of an allowed module that the sandbox does not serve, with why, as the prompt says it."""
+    real = importlib.import_module(module)
+    out = {}
+    for name in public_names(module):
         if not policy.served(module, name):
             value = getattr(real, name)
             if module == "sys":
-                out.append(f"sys.{name}: not a constant")  # "sys for constants, getsizeof, recursion limit"
+                out[name] = "not a constant"  # "sys for constants, getsizeof, recursion limit"
             else:
                 assert isinstance(value, types.ModuleType) and value.__name__ not in policy.MODULES, (module, name)
-                out.append(f"{module}.{name}: the module {value.__name__}")  # "import only ..."
+                out[name] = f"the module {value.__name__}"  # "import only ..."
     return out
 
 
@@ -407,11 +427,8 @@ def test_every_public_name_is_served_or_left_out_as_the_prompt_says(module):
     """One contract: a public name of an allowed module is either in the sandbox's copy, or another module than the
     allowed ones, or a name of sys that is not a constant; both said in the prompt. Every served name imports and
     plays."""
-    import importlib
-
     left_out(module)  # asserts why each one is left out
-    real = importlib.import_module(module)
-    served = [n for n in dir(real) if not n.startswith("_") and policy.served(module, n)]
+    served = [n for n in public_names(module) if policy.served(module, n)]
     imports = "".join(f"from {module} import {n}\n" for n in served) if module != "__future__" else ""
     code = "from __future__ import annotations\n" + imports + "def strategy(board):\n    return 'A'\n"
     assert rewards.analyse_code(code).playable, rewards.analyse_code(code)
@@ -419,15 +436,28 @@ def test_every_public_name_is_served_or_left_out_as_the_prompt_says(module):
     assert result.status == "failed", result
 
 
+# Left out on 3.11, 3.12 and 3.13 alike: the builtins module (enum imports it as bltns) and os through allowed modules,
+# sys's non-constants, private names. (3.11's dataclasses.builtins is gone in 3.12.)
+LEFT_OUT_EVERYWHERE = {"enum": {"bltns": "the module builtins"}, "contextlib": {"os": "the module os"},
+                       "sys": {"modules": "not a constant"}}  # fmt: skip
+PRIVATE_NAMES = [("sys", "_getframe"), ("random", "_inst"), ("random", "_os")]
+
+
 def test_what_the_contract_leaves_out_is_missing_in_the_sandbox():
-    assert "sys.modules: not a constant" in left_out("sys") and "sys._getframe" not in policy.SYS_NAMES
-    assert "dataclasses.builtins: the module builtins" in left_out("dataclasses")
-    for module, name in [("sys", "modules"), ("sys", "_getframe"), ("dataclasses", "builtins"), ("random", "_inst"),
-                         ("copy", "types")]:  # fmt: skip
-        past_the_judge = f"import {module}\ndef strategy(board):\n    return getattr({module}, {name!r} + '') and 'A'\n"
-        result = sandbox.play(past_the_judge, seed=0, size=3, target=64)
+    """Every name the contract leaves out on the running Python, and private names that exist, is missing from the
+    sandbox's copy (past the judge, a computed name is an AttributeError) and its plain form is a violation."""
+    for module, names in LEFT_OUT_EVERYWHERE.items():
+        assert names.items() <= left_out(module).items(), module
+    assert "_getframe" not in policy.SYS_NAMES
+    cases = [(m, n) for m in sorted(policy.MODULES) for n in left_out(m)] + PRIVATE_NAMES
+    codes = [f"import {m} as m\ndef strategy(board):\n    return getattr(m, {n!r} + '') and 'A'\n" for m, n in cases]
+    results = sandbox.play_many([(code, 0, sandbox.Game(size=3, target=64)) for code in codes])
+    for (module, name), result in zip(cases, results, strict=True):
+        assert hasattr(importlib.import_module(module), name), (module, name)  # else this proves nothing
         missing = f"AttributeError: module {module!r} has no attribute {name!r}"
-        assert (result.status, result.error) == ("error", missing)
+        assert (result.status, result.error) == ("error", missing), (module, name)
+        plain = f"import {module} as m\ndef strategy(board):\n    return m.{name} and 'A'\n"
+        assert policy.judge(plain)[0] == (f"{module}.{name}, which the contract leaves out",)
 
 
 # --- whatever reaches past the contract scores exactly like the forbidden import --------------------------------
@@ -440,7 +470,8 @@ FORBIDDEN_NAMES = {
     "sys.modules": "import sys\ndef strategy(board):\n    return sys.modules and 'A'\n",
     "random._inst": "import random\ndef strategy(board):\n    return random._inst.choice('AS')\n",
     "from sys import modules": "from sys import modules\ndef strategy(board):\n    return 'A'\n",
-    "dataclasses.builtins": "import dataclasses\ndef strategy(board):\n    return dataclasses.builtins and 'A'\n",
+    "enum.bltns": "import enum\ndef strategy(board):\n    return enum.bltns and 'A'\n",
+    "contextlib.os": "import contextlib\ndef strategy(board):\n    return contextlib.os and 'A'\n",
     "__subclasses__": "def strategy(board):\n    return ().__class__.__base__.__subclasses__() and 'A'\n",
     "eval": "def strategy(board):\n    return eval('\"A\"')\n",
     "open": "def strategy(board):\n    return open('/etc/hostname') and 'A'\n",

@@ -100,6 +100,11 @@ def tour():
     TD = typing.TypedDict("TD", {"a": int})
     out += [T, NT(1), TD(a=1), typing.get_args(typing.List[int]), typing.get_origin(typing.Dict[str, int])]
     out += [typing.cast(int, 1), typing.NewType("UserId", int)(5), typing.Optional[int], typing.ForwardRef("int")]
+    if sys.version_info >= (3, 12):  # what 3.12 added (the GPU images run 3.12)
+        out += [list(itertools.batched("abcde", 2)), math.sumprod([1, 2], [3, 4]), random.binomialvariate(5, 0.5)]
+        out += [statistics.correlation([1, 2, 3], [1, 3, 2], method="ranked"), typing.override(lambda: 0)]
+    if sys.version_info >= (3, 13):  # and 3.13
+        out += [copy.replace(D(1), x=3), statistics.kde([1, 2, 3], h=1)(2), math.fma(2.0, 3.0, 1.0)]
 
     class Base(abc.ABC):
         @abc.abstractmethod

@@ -217,8 +217,8 @@ CHEATS = {
     "sys.modules": "import sys\ndef strategy(board):\n    return sys.modules and 'W'\n",
     "from sys import modules": "from sys import modules\ndef strategy(board):\n    return 'W'\n",
     "random._inst": "import random\ndef strategy(board):\n    return random._inst.choice('WASD')\n",
-    "a module outside the list through an allowed one": "import dataclasses\ndef strategy(board):\n"
-    "    return dataclasses.builtins and 'W'\n",
+    "a module outside the list through an allowed one": "import contextlib\ndef strategy(board):\n"
+    "    return contextlib.os and 'W'\n",
 }
 
 

@@ -753,10 +753,10 @@ def test_frame_walk_through_a_generator_is_refused(world):
 def test_module_internals_are_not_served(world):
     r = attack(strategy("import random\nreturn random._os.system('true')"), "violation")
     assert r.error == "random._os, which the contract leaves out"
-    r = attack(strategy("import dataclasses\nreturn dataclasses.builtins.eval('1')"), "violation")
-    assert r.error == "dataclasses.builtins, which the contract leaves out"
-    r = attack(strategy("import dataclasses\nd = dataclasses\nreturn d.builtins.eval('1')"), "error")  # past the judge
-    assert r.error == "AttributeError: module 'dataclasses' has no attribute 'builtins'"
+    r = attack(strategy("import enum\nreturn enum.bltns.eval('1')"), "violation")  # enum's name for builtins
+    assert r.error == "enum.bltns, which the contract leaves out"
+    r = attack(strategy("import enum\ne = enum\nreturn e.bltns.eval('1')"), "error")  # past the judge
+    assert r.error == "AttributeError: module 'enum' has no attribute 'bltns'"
 
 
 def test_text_that_allowed_modules_evaluate_meets_the_same_walls(world):
