@@ -247,6 +247,8 @@ def summarise(out: Path, skip: int) -> dict:
     for key in ["time/step_s", *(f"time/{p}_s" for p in PARTS)]:
         values = [m[key] for m in steady if key in m]
         result[key] = statistics.median(values) if values else None
+    served = [m["generation/fast_path"] for m in steps if "generation/fast_path" in m]
+    result["fast_path_share"] = statistics.fmean(served) if served else None  # 1.0: every step, the fast path
     memory = [m["gpu/peak_memory_gb"] for m in steps if "gpu/peak_memory_gb" in m]
     result["peak_memory_gb"] = max(memory) if memory else None
     result["reward_mean"] = statistics.fmean(m["reward"] for m in steps) if steps else None

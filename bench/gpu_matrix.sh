@@ -101,7 +101,9 @@ def brief(item):
 
 def fast_path(r):
     said = " | ".join(r.get("generation") or [])
-    return "yes" if "fast (" in said and "unavailable" not in said and "failed" not in said else f"no ({said[:160]})"
+    share = r.get("fast_path_share")  # generation/fast_path over the steps (None from an older gpu_check)
+    ok = "fast (" in said and "unavailable" not in said and "failed" not in said and share in (None, 1.0)
+    return "yes" if ok else f"no (fast_path {share}; {said[:160]})"
 
 def targets(items):
     runs = [i["result"] for i in items if i["result"] and "time/step_s" in i["result"]]
@@ -149,6 +151,12 @@ def targets(items):
         if r["fast_generation"]:
             print(f"  fast path taken, {r['preset']} on {r['backend']}, {r['max_completion_length']} tokens: "
                   f"{fast_path(r)}")
+    for r in runs:  # the model each run trained: the default's split 4-bit experts, BF16's fused ones
+        if r.get("backend") == "unsloth" and r.get("preset") in ("gpt-oss-20b", "gpt-oss-20b-bf16"):
+            want = "split" if r["preset"] == "gpt-oss-20b" else "fused"
+            said = r.get("experts") or "no model: line"
+            print(f"  layout, {r['preset']} ({r['geometry']}, {r.get('max_completion_length')} tokens): {said} "
+                  f"{'PASS' if f'experts {want}' in said else 'FAIL'}")
     # every training run that ran saves LoRA, and a merged copy on request: each save verified, or the run failed
     saves = [(i["id"], i["result"] or {}) for i in items if "gpu_check.py" in (i["command"] or "")
              and "--build_only" not in i["command"] and not i["status"].startswith("skipped")]

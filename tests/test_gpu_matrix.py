@@ -155,9 +155,13 @@ def test_the_summary_judges_the_targets_across_parts(tmp_path):
              "rows": [{"method": "model.generate", "batch": 8, "prefill_ms": 100.0, "decode_ms_per_step": 46.0},
                       {"method": "generation.generate", "batch": 8, "prefill_ms": 100.0, "decode_ms_per_step": 9.0,
                        "same_greedy_tokens": "yes"}]}  # fmt: skip
+    split = "GPT-OSS experts split, a Linear per expert (Unsloth's 4-bit layout); LoRA on 1536 of them"
+    fused = "GPT-OSS experts fused into tensors (transformers' layout); LoRA on 48 expert tensors"
     files = [
-        part(1, [(check, run("gpt-oss-20b-bf16", True, 10.0)), (check, run("gpt-oss-20b", True, 16.0))]),
-        part(2, [(check, run("gpt-oss-20b-bf16", False, 20.0)), (check, run("gpt-oss-20b", False, 33.0))]),
+        part(1, [(check, run("gpt-oss-20b-bf16", True, 10.0, experts=fused, fast_path_share=1.0)),
+             (check, run("gpt-oss-20b", True, 16.0, experts=fused, fast_path_share=0.5))]),
+        part(2, [(check, run("gpt-oss-20b-bf16", False, 20.0)),
+                 (check, run("gpt-oss-20b", False, 33.0, experts=split))]),
         part(3, [("bench_generation", bench), ("python3 evaluate_2048.py --adapter x", None),
                  ("timeout 550 python3 -m pytest -q", None)]),
     ]  # fmt: skip
@@ -167,7 +171,11 @@ def test_the_summary_judges_the_targets_across_parts(tmp_path):
     assert "4-bit / BF16 step (Unsloth), fast generation off, 200 tokens: 33.0 / 20.0 s = 1.65x (<= 1.5) FAIL" in out
     # generation alone: 0.1 + 199 * 9 ms = 1.89 s; + rewards 0.5 + log-probs/backward 4 = 6.39 s against a 10 s step
     assert "fast on, 200 tokens: 10.0 / 6.4 s = 1.56x (<= 1.3) FAIL" in out
-    assert "fast path taken, gpt-oss-20b on unsloth, 200 tokens: yes" in out
+    assert "fast path taken, gpt-oss-20b-bf16 on unsloth, 200 tokens: yes" in out
+    assert "fast path taken, gpt-oss-20b on unsloth, 200 tokens: no (fast_path 0.5" in out  # half the steps fell back
+    assert f"layout, gpt-oss-20b (20b, 200 tokens): {fused} FAIL" in out  # the 4-bit row timed fused experts
+    assert f"layout, gpt-oss-20b (20b, 200 tokens): {split} PASS" in out
+    assert f"layout, gpt-oss-20b-bf16 (20b, 200 tokens): {fused} PASS" in out
     assert "saves verified: 4 of 4 runs (lora) PASS" in out
     assert "evaluate_2048 --adapter (an Unsloth adapter, fresh process) [3.2]: passed" in out
     assert "test suite [3.3]: passed: 3 passed" in out
