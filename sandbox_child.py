@@ -29,6 +29,8 @@ import encodings
 import errno
 import fcntl
 import importlib
+import importlib.machinery
+import inspect
 import json
 import os
 import pkgutil
@@ -80,6 +82,7 @@ def child_main(rfd: int, wfd: int, *, devnull: int, drop_root: bool, seccomp) ->
     prctl(_PR_SET_DUMPABLE, 0)  # no core dump helper started for each child the kernel kills, no ptrace by our user
     sys.unraisablehook = _ignore  # stderr is /dev/null; printing a traceback opens source files
     warnings.simplefilter("ignore")  # the same for warnings (a SyntaxWarning from compile, say)
+    _no_imports_from_disk()
     load = json.loads(_read())  # a spare waits here; its game's directory and limits come with the job
     os.chdir(load["workdir"])
     mem = load["memory_limit_mb"] << 20
@@ -133,6 +136,17 @@ def child_main(rfd: int, wfd: int, *, devnull: int, drop_root: bool, seccomp) ->
 
 def _ignore(*args) -> None:
     pass
+
+
+def _no_imports_from_disk() -> None:
+    """An import of a module the server did not load finds no file to read: a module built into the interpreter still
+    loads, any other is a ModuleNotFoundError (a codec this Python lacks, a LookupError), never a system call. The
+    library imports on first use (encodings' codec search, 3.13's random.seed), and the path finder's stat() and open()
+    would kill the child for it."""
+    sys.meta_path[:] = [f for f in sys.meta_path if f is not importlib.machinery.PathFinder]
+    sys.path.clear()
+    sys.path_hooks.clear()
+    sys.path_importer_cache.clear()
 
 
 def _first_for_the_oom_killer() -> None:
@@ -320,13 +334,18 @@ class SeccompProgram:
 
 _PROXIES: dict[str, types.ModuleType] = {}
 _SAFE_BUILTINS: dict = {}
-# Modules that C code of the allowed modules imports when first used (time.strptime imports _strptime): served to
-# such an import as the real module, which the server has loaded.
-_LAZY_IMPORTS = ("_strptime",)
-# Pure-Python helpers that the allowed modules run their work in (dataclasses reads signatures with inspect): events
-# raised in their code are the library's, like those raised in the allowed modules' own files.
+# Modules that CPython or the allowed modules import on first use, loaded by the server so that honest code finds them:
+# _strptime (time.strptime), unicodedata (a non-ASCII name, "\\N{...}", the namereplace error handler), warnings (a
+# coroutine never awaited), copyreg (copy of an object), _pylong (3.12+: arithmetic and str() of huge ints),
+# _pydecimal (3.13: a Decimal format libmpdec lacks, "z.2f"), _sha2 (3.13: random.seed of a str or bytes). One this
+# Python lacks is skipped. Whatever is missing here is a ModuleNotFoundError in the child, never a system call.
+_LAZY_IMPORTS = ("_strptime", "unicodedata", "warnings", "copyreg", "_pylong", "_pydecimal", "_sha2")
+# Pure-Python helpers that the allowed modules run their work in (dataclasses reads signatures with inspect, str.encode
+# searches its codec in encodings): events raised in their code are the library's, like those raised in the allowed
+# modules' own files.
 _LIBRARY_HELPERS = ("_collections_abc", "_strptime", "copyreg", "inspect", "keyword", "reprlib", "types", "weakref",
-                    "_weakrefset", "calendar", "locale", "datetime")  # fmt: skip
+                    "_weakrefset", "calendar", "locale", "datetime", "codecs", "encodings", "warnings", "_pylong",
+                    "_pydecimal", "contextvars")  # fmt: skip
 # Modules imported for tests that run code already out of Python (`_unrestricted`), so that it meets the kernel's
 # walls rather than a failing import. In every child's sys.modules, reachable only by a way out of Python, and of
 # no use there without system calls outside the allowlist.
@@ -338,18 +357,22 @@ def prepare_runtime() -> None:
     """Once, in the server: import what children use and warm up what CPython does lazily, so that honest code never
     makes a system call outside the allowlist; build the module copies and the builtins a strategy gets."""
     global _library_files
-    for name in sorted(policy.MODULES) + list(_LAZY_IMPORTS + _LIBRARY_HELPERS + _TEST_MODULES) + ["unicodedata"]:
-        importlib.import_module(name)  # unicodedata: the parser needs it for a non-ASCII name (`α = 1`)
+    for name in sorted(policy.MODULES) + list(_LAZY_IMPORTS + _LIBRARY_HELPERS + _TEST_MODULES):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # _pylong before 3.12, _sha2 before 3.12
+            pass
     for codec in pkgutil.iter_modules(encodings.__path__):  # str.encode("utf-16") imports its codec on first use
         try:
             importlib.import_module(f"encodings.{codec.name}")
         except ImportError:  # mbcs, oem: Windows only
             pass
+    b"\\N{BULLET}".decode("unicode_escape")  # unicodedata's name table: C code fetches it once, through an import
     os.environ["TZ"] = TIME_ZONE
     time.tzset()  # reads the zone now, before children lose the right to open files
     time.strptime("2026", "%Y")  # _strptime's first call calls tzset and builds its caches
     library = [m for n, m in list(sys.modules.items()) if n in policy.MODULES or n in _LIBRARY_HELPERS
-               or n.partition(".")[0] in ("collections", "re")]  # fmt: skip  (packages: their submodules too)
+               or n.partition(".")[0] in ("collections", "re", "encodings")]  # fmt: skip  (packages: submodules too)
     _library_files = frozenset(f for m in library if (f := getattr(m, "__file__", None)) and f.endswith(".py"))
     for name in policy.MODULES:
         _PROXIES[name] = types.ModuleType(name, getattr(sys.modules[name], "__doc__", None))
@@ -366,12 +389,19 @@ def prepare_runtime() -> None:
     )
 
 
-def _restricted_import(name, globals=None, locals=None, fromlist=(), level=0):
+def _restricted_import(name, globals=None, locals=None, fromlist=(), level=0, *, _loaded=sys.modules):
+    """What the strategy's `import` statements call, and also CPython's own C code when it imports a helper on first
+    use while the strategy's code runs (PyImport_Import takes `__import__` from the running frame). The two differ by
+    `fromlist`: a statement passes None or a tuple, C code a list, and then reads the module from sys.modules itself.
+    So a list is never a violation: None when the server loaded the module, else ModuleNotFoundError (no system call:
+    an honest error), and the strategy, calling this with a list, gets nothing."""
+    if type(fromlist) is list:
+        if name in _loaded:
+            return None
+        raise ModuleNotFoundError(f"No module named {name!r}")
     if level:
         _violation("a relative import")
     name = str.__str__(name) if isinstance(name, str) else name
-    if name in _LAZY_IMPORTS and not fromlist:
-        return sys.modules[name]
     if name not in _PROXIES:
         _violation(f"import of {name!r}")
     return _PROXIES[name] if fromlist else _PROXIES[name.partition(".")[0]]
@@ -418,12 +448,15 @@ def _audit_hook(library_files: frozenset):
     file the code claims to come from, a system call that would kill the child for an honest mistake. Once watching,
     every event is a violation but the harmless ones, the one exec of the strategy's own module, setting an allowed
     attribute on a class (CPython audits every attribute set on a type), and events raised in the allowed modules' own
-    code (the innermost Python frame is in one of `library_files`). Everything it uses is bound here, so a strategy
-    that replaced a builtin or a module attribute changes nothing.
+    code (the innermost Python frame is in one of `library_files`). An import of a module not loaded yet is the
+    library's in any code of the standard library: there it is a lazy import of CPython's or the library's, and it
+    can load no file (_no_imports_from_disk). Everything it uses is bound here, so a strategy that replaced a builtin
+    or a module attribute changes nothing.
     """
     harmless, getframe, report, length, str_type, type_of = _HARMLESS_EVENTS, sys._getframe, _violation, len, str, type
     introspection, safe_dunders = policy.INTROSPECTION_ATTRIBUTES, policy.SAFE_DUNDERS
-    starts, ends = str.startswith, str.endswith
+    starts, ends, contains = str.startswith, str.endswith, str.__contains__
+    stdlib = (os.path.dirname(inspect.__file__) + os.sep, "<frozen ")
     state = {"phase": "compiling", "module": None}
     busy = [False]  # the hook's own look at its caller raises events too
 
@@ -446,7 +479,10 @@ def _audit_hook(library_files: frozenset):
             return
         busy[0] = True
         try:
-            library = getframe(1).f_code.co_filename in library_files
+            file = getframe(1).f_code.co_filename
+            library = file in library_files or (
+                event == "import" and starts(file, stdlib) and not contains(file, "-packages" + os.sep)
+            )
         except BaseException:
             library = False
         busy[0] = False

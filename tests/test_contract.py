@@ -307,6 +307,40 @@ HONEST = {
             Noisy()
             return "A"
     """,
+    # CPython's C code imports a helper on first use through the running frame's __import__, the strategy's (its
+    # import statements' function): such an import is served or a ModuleNotFoundError, never a violation; a module that
+    # library code imports reads no file (the child has no path finder).
+    "a character's name: the namereplace error handler and a decoded \\N escape": """
+        def strategy(board):
+            named = "\u00e9".encode("ascii", "namereplace") + "\u2022".encode("ascii", "namereplace")
+            bullet = b"\\N{BULLET}".decode("unicode_escape")
+            return "A" if named == b"\\N{LATIN SMALL LETTER E WITH ACUTE}\\N{BULLET}" and bullet == "\u2022" else "S"
+    """,
+    "a coroutine never awaited": """
+        async def score(board):
+            return len(board)
+        def strategy(board):
+            score(board)
+            return "A"
+    """,
+    "a codec this Python lacks, caught": """
+        def strategy(board):
+            missing = 0
+            for codec in ("utf-99", "mbcs", "oem", "no-such-codec"):
+                try:
+                    "x".encode(codec)
+                except LookupError:
+                    missing += 1
+            return "A" if missing == 4 else "S"
+    """,
+    "huge ints, a Decimal format and a seeded Random (3.12 and 3.13 import their helpers on first use)": """
+        import decimal, random
+        def strategy(board):
+            q, r = divmod(1 << 100000, (1 << 20000) + 1)
+            text = format(decimal.Decimal("-0.001"), "z.2f")
+            rng = random.Random("board")
+            return "AS"[(q + r) % 2] if text == "0.00" and rng.random() < 1 else "W"
+    """,
     "string annotations evaluated by typing and singledispatch": """
         from __future__ import annotations
         import functools, typing

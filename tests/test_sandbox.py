@@ -17,6 +17,7 @@ import pytest
 import game2048
 import policy
 import sandbox
+import sandbox_child
 import strategies
 
 QUICK = dict(move_time_limit=0.5, game_time_limit=2.0)
@@ -135,6 +136,31 @@ def test_the_allowed_modules_are_pure_computation_and_sys_its_constants():
     assert not {"os", "io", "gc", "inspect", "importlib", "ctypes", "pickle", "subprocess"} & policy.MODULES
     assert not {"modules", "_getframe", "settrace", "exit", "stdout", "path", "argv"} & policy.SYS_NAMES
     assert {"maxsize", "float_info", "byteorder", "getsizeof", "setrecursionlimit"} <= policy.SYS_NAMES
+
+
+def test_a_lazy_import_by_cpython_is_never_a_violation(monkeypatch):
+    """CPython's C code imports a helper on first use through the running frame's `__import__`, the strategy's, with a
+    list as fromlist (a statement passes None or a tuple), then reads sys.modules itself. Whatever the module, that is
+    never a violation: nothing to hand back when the server loaded it, an honest ModuleNotFoundError when not."""
+
+    def violation(what):
+        raise AssertionError(f"a violation: {what}")
+
+    monkeypatch.setattr(sandbox_child, "_violation", violation)  # the real one writes to fd 4 and exits
+    for loaded in ("warnings", "copyreg", "os"):
+        assert sandbox_child._restricted_import(loaded, {}, {}, [], 0) is None
+    with pytest.raises(ModuleNotFoundError):
+        sandbox_child._restricted_import("no_such_module_anywhere", {}, {}, [], 0)
+    with pytest.raises(AssertionError, match="a violation: import of 'os'"):
+        sandbox_child._restricted_import("os", {}, {}, None, 0)  # the statement `import os`
+
+
+def test_an_import_the_server_did_not_load_reads_no_file():
+    """The child's import system has no path finder: a module the server did not load is a ModuleNotFoundError, not a
+    search of the disk that the kernel would kill (library code imports on first use). Even code out of Python."""
+    code = "import wave\ndef strategy(board):\n    return 'W'\n"
+    r = sandbox.play(code, seed=0, size=4, _unrestricted=True, **QUICK)
+    assert (r.status, r.error) == ("error", "ModuleNotFoundError: No module named 'wave'")
 
 
 # --- statuses and GameResult ------------------------------------------------------------------------------
