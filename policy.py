@@ -47,9 +47,9 @@ ALLOWED_BUILTINS = frozenset(
         "abs", "aiter", "all", "anext", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr",
         "classmethod", "complex", "delattr", "dict", "dir", "divmod", "enumerate", "filter", "float", "format",
         "frozenset", "getattr", "hasattr", "hash", "hex", "id", "int", "isinstance", "issubclass", "iter", "len",
-        "list", "map", "max", "min", "next", "object", "oct", "ord", "pow", "print", "property", "range", "repr",
-        "reversed", "round", "set", "setattr", "slice", "sorted", "staticmethod", "str", "sum", "super", "tuple",
-        "type", "zip", "Ellipsis", "NotImplemented",
+        "list", "map", "max", "memoryview", "min", "next", "object", "oct", "ord", "pow", "print", "property",
+        "range", "repr", "reversed", "round", "set", "setattr", "slice", "sorted", "staticmethod", "str", "sum",
+        "super", "tuple", "type", "zip", "Ellipsis", "NotImplemented",
     }
     | {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
 )  # fmt: skip
@@ -65,7 +65,8 @@ SAFE_DUNDERS = frozenset(
         "init new post_init del repr str format bytes hash bool sizeof eq ne lt le gt ge getattr setattr delattr dir "
         "get set delete set_name call len length_hint getitem setitem delitem missing iter next reversed contains "
         "enter exit aenter aexit await aiter anext neg pos abs invert complex int float index round trunc floor ceil "
-        "copy deepcopy init_subclass class_getitem divmod rdivmod getattribute instancecheck subclasscheck prepare"
+        "copy deepcopy init_subclass class_getitem divmod rdivmod getattribute instancecheck subclasscheck prepare "
+        "subclasshook mro_entries buffer release_buffer"
     ).split()}
     | {f"__{p}{n}__" for p in ("", "r", "i") for n in (
         "add sub mul matmul truediv floordiv mod pow lshift rshift and xor or"
@@ -86,6 +87,10 @@ INTROSPECTION_ATTRIBUTES = frozenset(
     }
 )  # fmt: skip
 ATTRIBUTE_FUNCTIONS = frozenset({"getattr", "setattr", "delattr", "hasattr"})
+# The same through the special methods, called: `object.__setattr__(self, "_n", v)` (how a frozen dataclass sets its
+# own field in __post_init__), `super().__setattr__("_n", v)`. The name is the first string of the first two arguments.
+ATTRIBUTE_METHODS = {"__setattr__": "setattr", "__delattr__": "delattr", "__getattribute__": "getattr",
+                     "__getattr__": "getattr"}  # fmt: skip
 
 
 def is_dunder(name: str) -> bool:
@@ -126,7 +131,7 @@ def prompt_rules() -> str:
     modules = ", ".join(m for m in sorted(MODULES) if m not in ("__future__", "collections.abc", "sys"))
     return (
         f"Plain Python; import only {modules}, sys for constants, getsizeof, recursion limit. Nothing outside its "
-        "process (files, OS, processes). No eval, exec, open, __import__, globals, vars, frames, code objects, "
+        "process (files, OS, processes). No eval, exec, open, __import__, globals, locals, vars, frames, code objects, "
         "private _names of library objects, or dunders beyond special methods (__init__, __add__, __class__, ...). "
         "Top level: only imports, "
         'functions, classes, constants and an optional `if __name__ == "__main__":` test (never run).'
@@ -189,6 +194,12 @@ def problems(tree: ast.Module) -> tuple[list[str], str | None]:
                     names_computed.append((func.id, args[1].value))  # a name computed at run time is not seen
                     if func.id == "setattr":
                         own.add(args[1].value)
+            elif isinstance(func, ast.Attribute) and func.attr in ATTRIBUTE_METHODS:
+                name = next((a.value for a in args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)), None)
+                if name is not None:
+                    names_computed.append(("", name))  # "": no function of the code's own can be meant
+                    if ATTRIBUTE_METHODS[func.attr] == "setattr":
+                        own.add(name)
         elif isinstance(node, ast.arg):
             bind(node.arg)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):

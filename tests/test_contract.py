@@ -4,6 +4,7 @@ and honest code never trips a wall; whatever reaches past it scores exactly like
 escape does inside its own process gains it nothing; nothing a model writes is compiled in the trainer's process; an
 answer that stalls is not played to the limit in every game."""
 
+import builtins
 import importlib
 import json
 import subprocess
@@ -279,6 +280,33 @@ HONEST = {
             γ = "AS"[int(α * β) % 2]
             return γ
     """,
+    # Legal Python the prompt never forbids, which the judge refused once.
+    "memoryview, and a frozen dataclass that sets a private field of its own": """
+        import dataclasses
+        @dataclasses.dataclass(frozen=True)
+        class Cells:
+            rows: tuple
+            def __post_init__(self):
+                object.__setattr__(self, "_flat", tuple(v for row in self.rows for v in row))
+            def empty(self):
+                return self._flat.count(0)
+        def strategy(board):
+            view = memoryview(bytes(9))
+            cells = Cells(tuple(map(tuple, board)))
+            return "A" if view.nbytes == 9 and cells.empty() >= 0 else "S"
+    """,
+    "__subclasshook__ on an abstract base class": """
+        import abc
+        class Player(abc.ABC):
+            @classmethod
+            def __subclasshook__(cls, other):
+                return callable(getattr(other, "key", None)) or NotImplemented
+        class Corner:
+            def key(self, board):
+                return "A"
+        def strategy(board):
+            return Corner().key(board) if issubclass(Corner, Player) else "S"
+    """,
     # What CPython or the C library does lazily, done by the server beforehand (else a system call would kill them).
     "the time functions": """
         import time
@@ -383,6 +411,18 @@ if sys.version_info >= (3, 12):  # this syntax is new in 3.12 (a SyntaxError bef
             row: Row = first(board)
             return "WASD"[Box(row[0]).value % 4]
     """
+    HONEST["3.12's buffer protocol"] = """
+        class Cells:
+            def __init__(self, board):
+                self.data = bytearray(v.bit_length() for row in board for v in row)
+            def __buffer__(self, flags):
+                return memoryview(self.data)
+            def __release_buffer__(self, view):
+                view.release()
+        def strategy(board):
+            with memoryview(Cells(board)) as view:
+                return "A" if view.nbytes == len(board) ** 2 else "S"
+    """
 
 
 @pytest.mark.parametrize("name", sorted(HONEST))
@@ -432,6 +472,24 @@ def test_the_prompt_states_the_contract():
     for rule in ("eval", "exec", "open", "__import__", "frames", "dunders", "__main__", "Top level",
                  "sys for constants, getsizeof, recursion limit", "Nothing outside its process"):  # fmt: skip
         assert rule in prompt, rule
+
+
+# Builtins the judge refuses that the prompt says in other words: they reach outside the process (the terminal, files,
+# the process itself) or make code objects.
+REFUSED_IN_OTHER_WORDS = {"compile": "code objects", "breakpoint": "frames"} | {
+    name: "Nothing outside its process" for name in ("input", "exit", "quit", "help", "copyright", "credits", "license")
+}
+
+
+def test_every_builtin_the_judge_refuses_is_said_in_the_prompt():
+    """Nothing stricter unsaid: a builtin that is not allowed is named in the prompt, or said in other words there."""
+    rules = policy.prompt_rules()
+    refused = [n for n in dir(builtins) if n not in policy.ALLOWED_BUILTINS and not policy.is_dunder(n)]
+    refused = [n for n in refused if n not in ("True", "False", "None")]  # constants: not names the judge reads
+    assert {"eval", "open", "locals"} <= set(refused)
+    for name in refused:
+        assert f" {name}," in rules or REFUSED_IN_OTHER_WORDS[name] in rules, name
+        assert policy.judge(f"def strategy(board):\n    return {name} and 'A'\n")[0] == (f"builtin {name!r}",)
 
 
 def public_names(module: str) -> list[str]:
