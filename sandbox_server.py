@@ -229,12 +229,18 @@ def _referee(sock: socket.socket) -> None:
             result = referee.run(job)
         except Exception as exc:
             result = {"status": "crash", "error": _one_line(f"sandbox referee failed: {type(exc).__name__}: {exc}")}
+        result = referee.end(result)  # how the child ended decides too, whatever it said last
         # Report, then clean up: the trainer counts this game as done only once we have exited.
         send_frame(sock, json.dumps(result).encode())
     finally:
         referee.kill()
         shutil.rmtree(workdir, ignore_errors=True)
     os._exit(0)
+
+
+# How long a child has to exit once its game is over and its board pipe closed: an honest one exits at once (0, on
+# end of file). Escaped code that wrote its last reply itself and then makes a refused call dies of SIGSYS within it.
+EXIT_GRACE = 0.005
 
 
 class _Referee:
@@ -359,6 +365,23 @@ class _Referee:
             raise _Stop("violation", text)
         return kind, text
 
+    def end(self, result: dict) -> dict:
+        """At every end of a game: close the board pipe, give the child EXIT_GRACE to exit, kill it, and score a death
+        by SIGSYS (the kernel's answer to a call outside the allowlist) as a violation, whatever the child replied
+        last: escaped code may write its own final frame (an error, a winning key, a malformed frame) and then step
+        outside."""
+        if self.wait_status is None:  # not yet killed or reaped (a timeout, a closed pipe)
+            os.close(self.wfd)  # an honest child reads end of file and exits 0, closing its reply pipe
+            deadline = time.monotonic() + EXIT_GRACE
+            while (remaining := deadline - time.monotonic()) > 0 and select.select([self.rfd], [], [], remaining)[0]:
+                if not os.read(self.rfd, 1 << 16):  # whatever it still writes is ignored; end of file: it is gone
+                    break
+        self.kill()
+        status = self.wait_status
+        if result["status"] != "violation" and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSYS:
+            result = dict(result, status="violation", error=SECCOMP_KILL)
+        return result
+
     def timeout(self, late: str) -> _Stop:
         self.kill()
         return _Stop("timeout", late)
@@ -380,13 +403,14 @@ class _Referee:
         return _Stop("crash", _describe_exit(self.wait_status))
 
     def kill(self) -> None:
-        """SIGKILL the child's group and every descendant we adopted; reap them all."""
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(self.pid, signal.SIGKILL)
-            except OSError:
-                pass
+        """SIGKILL the child's group and every descendant we adopted; reap them all. (Once the child is reaped its pid
+        is free for another process: what is left of its group is adopted, and killed as such.)"""
         if self.wait_status is None:
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
             try:
                 self.wait_status = os.waitpid(self.pid, 0)[1]
             except ChildProcessError:

@@ -15,7 +15,8 @@
 4. Set-up per game: for answers of each baseline's size, the referee's time from its job to the child's first reply
    (the code compiled and run, then one board answered with an invalid key, which ends the game), one game at a time:
    what a game waits for, since referees and children are forked ahead as spares. Beside it, the trainer's wall time
-   per game of the smallest answer through play_many on all cores. `--compare DIR...` runs this part for this checkout
+   per game of the smallest answer one game at a time (set-up and teardown: a game is done once its referee has
+   exited) and through play_many on all cores. `--compare DIR...` runs this part for this checkout
    and for others (say older commits' `git archive`) in alternating fresh processes, and prints them side by side.
 5. `--actions`: what a refused system call costs under each seccomp action (ERRNO, KILL_PROCESS, TRAP, NOTIFY), and
    whether a process other than the child sees it (x86_64).
@@ -156,16 +157,17 @@ def setup_answer(name: str) -> str:
 
 def setup_costs(games: int) -> dict[str, float]:
     """Milliseconds, medians over `games` games: the set-up of each answer (referee side, one game at a time), and the
-    trainer's wall time per game of the trivial answer through play_many on all cores."""
+    trainer's wall time per game of the trivial answer one at a time and through play_many on all cores."""
     sandbox.start()
     out = {}
     for name in SETUP_ANSWERS:
         results = sandbox.play_many([(setup_answer(name), i, sandbox.Game(**BOARD)) for i in range(games)], workers=1)
         assert all(r.status == "invalid" for r in results), results[0]
         out[name] = statistics.median(r.seconds for r in results) * 1000
-    t = time.perf_counter()
-    sandbox.play_many([(setup_answer("trivial"), i, sandbox.Game(**BOARD)) for i in range(games)])
-    out["wall per game, play_many"] = (time.perf_counter() - t) / games * 1000
+    for label, workers in (("one at a time", 1), ("play_many", None)):  # set-up, teardown and the trainer's side
+        t = time.perf_counter()
+        sandbox.play_many([(setup_answer("trivial"), i, sandbox.Game(**BOARD)) for i in range(games)], workers=workers)
+        out[f"wall per game, {label}"] = (time.perf_counter() - t) / games * 1000
     sandbox.shutdown()
     return out
 

@@ -721,6 +721,36 @@ def test_forged_replies_on_the_pipe(world):
     assert "over the 1024-byte cap" in r.error
 
 
+# The child's last reply, written by escaped code itself: each ends the game (max_moves=1 caps it after the key).
+LAST_REPLIES = {
+    "an error": 'struct.pack("!H", 8) + b"Egave up"',
+    "the key that ends the game": "frame(key)",
+    "two replies at once": "frame(key) * 2",
+    "an oversized reply": 'struct.pack("!H", 60000) + b"K" * 100',
+}
+
+
+@pytest.mark.parametrize("reply", sorted(LAST_REPLIES))
+def test_a_step_outside_after_the_last_reply_is_seen(world, reply):
+    """The game ends on what the child wrote, but not before the child has ended: the referee closes the board pipe,
+    gives it a few milliseconds, kills it, and a death by SIGSYS is a violation whatever it replied."""
+    code = strategy(
+        f"""
+        key = next(k for k in "WASD" if game2048.apply_move(board, k)[2])
+        os.write(4, {LAST_REPLIES[reply]})
+        try:
+            os.kill({os.getpid()}, signal.SIGURG)
+        except OSError:
+            pass
+        time.sleep(10)
+        """,
+        prelude="import game2048, os, signal, struct, time\n"
+        "def frame(key):\n    return struct.pack('!H', 1 + len(key)) + b'K' + key.encode()\n",
+    )
+    r = attack(code, "violation", unrestricted=True, max_moves=1)
+    assert r.error == sandbox_server.SECCOMP_KILL
+
+
 def test_closing_the_pipe_is_a_crash(world):
     code = strategy("import os, time\nos.close(4)\nos.close(3)\ntime.sleep(100)")
     attack(code, "crash", unrestricted=True)
