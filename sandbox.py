@@ -448,7 +448,7 @@ class _Game:
             data = self.sock.recv(65536)
         except OSError:
             data = b""
-        if not data:  # the referee exited (it reports first, then cleans up, then exits)
+        if not data:  # the referee exited (it ends its child, reports, cleans up, then exits)
             if self.result is None:
                 self.abort("sandbox referee died")
             else:
