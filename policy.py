@@ -41,15 +41,16 @@ SYS_NAMES = frozenset(
     | {"getsizeof", "getrecursionlimit", "setrecursionlimit"}
 )  # fmt: skip
 
-# Builtins a strategy may call; the sandbox gives it these and no others.
+# Builtins a strategy may call; the sandbox gives it these and no others. (locals() reaches only the code's own names:
+# at the top level, its module's, where its only statements are definitions.)
 ALLOWED_BUILTINS = frozenset(
     {
         "abs", "aiter", "all", "anext", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr",
         "classmethod", "complex", "delattr", "dict", "dir", "divmod", "enumerate", "filter", "float", "format",
         "frozenset", "getattr", "hasattr", "hash", "hex", "id", "int", "isinstance", "issubclass", "iter", "len",
-        "list", "map", "max", "memoryview", "min", "next", "object", "oct", "ord", "pow", "print", "property",
-        "range", "repr", "reversed", "round", "set", "setattr", "slice", "sorted", "staticmethod", "str", "sum",
-        "super", "tuple", "type", "zip", "Ellipsis", "NotImplemented",
+        "list", "locals", "map", "max", "memoryview", "min", "next", "object", "oct", "ord", "pow", "print",
+        "property", "range", "repr", "reversed", "round", "set", "setattr", "slice", "sorted", "staticmethod", "str",
+        "sum", "super", "tuple", "type", "zip", "Ellipsis", "NotImplemented",
     }
     | {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
 )  # fmt: skip
@@ -131,7 +132,7 @@ def prompt_rules() -> str:
     modules = ", ".join(m for m in sorted(MODULES) if m not in ("__future__", "collections.abc", "sys"))
     return (
         f"Plain Python; import only {modules}, sys for constants, getsizeof, recursion limit. Nothing outside its "
-        "process (files, OS, processes). No eval, exec, open, __import__, globals, locals, vars, frames, code objects, "
+        "process (files, OS, processes). No eval, exec, open, __import__, globals, vars, frames, code objects, "
         "private _names of library objects, or dunders beyond special methods (__init__, __add__, __class__, ...). "
         "Top level: only imports, "
         'functions, classes, constants and an optional `if __name__ == "__main__":` test (never run).'

@@ -281,7 +281,7 @@ HONEST = {
             return γ
     """,
     # Legal Python the prompt never forbids, which the judge refused once.
-    "memoryview, and a frozen dataclass that sets a private field of its own": """
+    "memoryview, locals(), and a frozen dataclass that sets a private field of its own": """
         import dataclasses
         @dataclasses.dataclass(frozen=True)
         class Cells:
@@ -293,7 +293,8 @@ HONEST = {
         def strategy(board):
             view = memoryview(bytes(9))
             cells = Cells(tuple(map(tuple, board)))
-            return "A" if view.nbytes == 9 and cells.empty() >= 0 else "S"
+            text = "{view.nbytes} bytes, {board}".format(**locals())
+            return "A" if text.startswith("9 bytes") and cells.empty() >= 0 else "S"
     """,
     "__subclasshook__ on an abstract base class": """
         import abc
@@ -341,8 +342,8 @@ HONEST = {
     "a character's name: the namereplace error handler and a decoded \\N escape": """
         def strategy(board):
             named = "\u00e9".encode("ascii", "namereplace") + "\u2022".encode("ascii", "namereplace")
-            bullet = b"\\N{BULLET}".decode("unicode_escape")
-            return "A" if named == b"\\N{LATIN SMALL LETTER E WITH ACUTE}\\N{BULLET}" and bullet == "\u2022" else "S"
+            bullet = b"\\\\N{BULLET}".decode("unicode_escape")
+            return "A" if named == b"\\\\N{LATIN SMALL LETTER E WITH ACUTE}\\\\N{BULLET}" and bullet == "\u2022" else "S"
     """,
     "a coroutine never awaited": """
         async def score(board):
@@ -486,7 +487,7 @@ def test_every_builtin_the_judge_refuses_is_said_in_the_prompt():
     rules = policy.prompt_rules()
     refused = [n for n in dir(builtins) if n not in policy.ALLOWED_BUILTINS and not policy.is_dunder(n)]
     refused = [n for n in refused if n not in ("True", "False", "None")]  # constants: not names the judge reads
-    assert {"eval", "open", "locals"} <= set(refused)
+    assert {"eval", "open", "globals"} <= set(refused) and not {"memoryview", "locals"} & set(refused)
     for name in refused:
         assert f" {name}," in rules or REFUSED_IN_OTHER_WORDS[name] in rules, name
         assert policy.judge(f"def strategy(board):\n    return {name} and 'A'\n")[0] == (f"builtin {name!r}",)
