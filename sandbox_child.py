@@ -12,7 +12,9 @@ which the strategy cannot touch, scores a child dead of SIGSYS as a violation: c
 forbidden import. Refusing such a call with an error would let code that got out of Python catch it and play on.
 Honest code must then never make one: the server does beforehand what CPython and the C library would otherwise do
 lazily (import helper modules, read the time zone) and the child never prints warnings or unraisable exceptions (the
-traceback printer opens source files). tests/test_detection.py plays every honest answer of the tests through it.
+traceback printer opens source files). CPython's own lazy imports are never a violation, whatever the module: C code's
+pass through the strategy's __import__ with a list as fromlist (_restricted_import), and the child's import system
+reads no file (_no_imports_from_disk). tests/test_detection.py plays every honest answer of the tests through it.
 
 Seen in Python. The audit hook reports what the strategy's own code reaches for in its process (eval, exec, imports,
 open, frames, code objects, ...) as a violation with the event named; events that the allowed modules raise in their
@@ -456,7 +458,7 @@ def _audit_hook(library_files: frozenset):
     harmless, getframe, report, length, str_type, type_of = _HARMLESS_EVENTS, sys._getframe, _violation, len, str, type
     introspection, safe_dunders = policy.INTROSPECTION_ATTRIBUTES, policy.SAFE_DUNDERS
     starts, ends, contains = str.startswith, str.endswith, str.__contains__
-    stdlib = (os.path.dirname(inspect.__file__) + os.sep, "<frozen ")
+    stdlib, packages = (os.path.dirname(inspect.__file__) + os.sep, "<frozen "), "-packages" + os.sep
     state = {"phase": "compiling", "module": None}
     busy = [False]  # the hook's own look at its caller raises events too
 
@@ -481,7 +483,7 @@ def _audit_hook(library_files: frozenset):
         try:
             file = getframe(1).f_code.co_filename
             library = file in library_files or (
-                event == "import" and starts(file, stdlib) and not contains(file, "-packages" + os.sep)
+                event == "import" and starts(file, stdlib) and not contains(file, packages)
             )
         except BaseException:
             library = False

@@ -370,7 +370,7 @@ class _Referee:
         by SIGSYS (the kernel's answer to a call outside the allowlist) as a violation, whatever the child replied
         last: escaped code may write its own final frame (an error, a winning key, a malformed frame) and then step
         outside."""
-        if self.wait_status is None:  # not yet killed or reaped (a timeout, a closed pipe)
+        if self.wait_status is None:  # else a timeout or a closed pipe ended it already
             os.close(self.wfd)  # an honest child reads end of file and exits 0, closing its reply pipe
             deadline = time.monotonic() + EXIT_GRACE
             while (remaining := deadline - time.monotonic()) > 0 and select.select([self.rfd], [], [], remaining)[0]:
