@@ -143,11 +143,7 @@ def file_source(path: str) -> evaluation.Source:
 
 def load_model(args: EvalArguments):
     """(model, tokenizer) from local files: a full model, or a base model with the LoRA adapter on top."""
-    import torch
-    import transformers
-    from trl import ModelConfig
-
-    import models
+    import models  # the standard library only: the heavy imports wait until the options are checked
 
     base = args.model
     if args.adapter is not None and base is None:
@@ -162,6 +158,9 @@ def load_model(args: EvalArguments):
         elif args.adapter is not None and split_checkpoint(base):
             die(f"--adapter {args.adapter}: its base {base} stores GPT-OSS's experts split (Unsloth's 4-bit layout), "
                 "which transformers cannot load; pass --model with the same weights in transformers' layout")
+    import torch
+    import transformers
+    from trl import ModelConfig
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

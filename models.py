@@ -222,9 +222,9 @@ def _load_transformers(path, model_args, adapter, trainable, device_map, local_f
         and fused & set(peft_config.target_modules or ())
     ):
         # transformers fuses each layer's experts into two tensors, not Linear layers: LoRA reaches them by name
+        peft_config.lora_dropout = lora_dropout(model, peft_config.target_modules, peft_config.lora_dropout)
         peft_config.target_modules = set(peft_config.target_modules) - fused
         peft_config.target_parameters = GPT_OSS_EXPERTS
-        peft_config.lora_dropout = lora_dropout(model, fused, peft_config.lora_dropout)
     return get_peft_model(model, peft_config), tokenizer
 
 
