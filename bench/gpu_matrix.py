@@ -209,7 +209,7 @@ def decode_item(p: Places, call: int, n: int, preset: str, layers: int) -> Item:
     """The decode step at batch 8, ours and model.generate, on the model loaded as the preset's run loads it."""
     id_ = f"{call}.{n}"
     need, folder = built(p, call, preset, layers)
-    new_tokens, repeats = (4, 2) if p.cpu else (128, 3)
+    new_tokens, repeats = (8, 2) if p.cpu else (128, 3)
     cpu = ["--cpu"] if p.cpu else []
     run = ["--", *CPU_RUN] if p.cpu else []
     command = [PY, "bench/bench_generation.py", "--model", str(folder), "--preset", preset, "--batch", "8",
