@@ -480,7 +480,7 @@ def run_call(call: int, items: list[Item], p: Places, jobs: int, budget: float, 
                     signal_group(run, signal.SIGCONT)
                     run.stopped = False
             asking = [r for r in running.values() if not r.window and wants_window(r)]
-            if asking:  # the first to ask gets the machine: every other process of the call stops
+            if asking:  # the earliest started of those asking gets the machine; every other process stops
                 owner = asking[0]
                 for run in running.values():
                     if run is not owner:
@@ -512,9 +512,11 @@ def run_call(call: int, items: list[Item], p: Places, jobs: int, budget: float, 
                         f"bench/gpu_matrix.py {call} --only {item.id}")  # fmt: skip
                     continue
                 log = p.out / "logs" / f"{item.id}.log"
-                if item.turn:
-                    for suffix in (".ask", ".go", ".done"):
-                        Path(f"{item.turn}{suffix}").unlink(missing_ok=True)
+                for stale in (item.json, *(f"{item.turn}{x}" for x in (".ask", ".go", ".done") if item.turn)):
+                    if stale:  # an earlier call's on a warm machine would open (or close) its window at once
+                        Path(stale).unlink(missing_ok=True)
+                if item.run_dir:
+                    shutil.rmtree(item.run_dir, ignore_errors=True)
                 for link, target in item.links:
                     Path(link).parent.mkdir(parents=True, exist_ok=True)
                     if not Path(link).is_symlink():

@@ -116,6 +116,25 @@ def test_a_window_stops_every_other_process_of_the_call_and_resumes_them_after(t
     assert records[1]["window_s"] >= 0.8
 
 
+def test_a_grpo_runs_window_is_its_second_step_even_after_an_earlier_call_left_its_metrics(tmp_path):
+    """On a warm machine the run folder holds the last call's metrics.jsonl until gpu_check clears it: that must not
+    open (and close) the window before the run's own first step."""
+    run = tmp_path / "work" / "run-1.2" / "run"
+    run.mkdir(parents=True)
+    step = '{"time/step_s": 1.0}'
+    (run / "metrics.jsonl").write_text(f"{step}\n{step}\n")
+    code = (f"import time, pathlib\nm = pathlib.Path({str(run / 'metrics.jsonl')!r})\nm.parent.mkdir(parents=True, "
+            f"exist_ok=True)\ntime.sleep(0.5)\nm.write_text({step!r} + '\\n')\ntime.sleep(0.6)\n"
+            f"m.write_text({step!r} + '\\n' + {step!r} + '\\n')\ntime.sleep(0.3)")  # fmt: skip
+    grpo = fake(tmp_path, "1.2", code, kind="grpo")
+    grpo.run_dir = str(run)
+    lines = []
+    records = gpu_matrix.run_call(1, [fake(tmp_path, "1.1", "import time; time.sleep(2)"), grpo], gpu_places(tmp_path),
+                                  jobs=5, budget=60, say=lines.append)  # fmt: skip
+    assert any("[1.2] timing alone on the machine (stopped: 1.1)" in line for line in lines)
+    assert records[1]["window_s"] >= 0.5
+
+
 def test_the_time_guard_skips_what_does_not_fit_and_stops_what_runs_past_the_end(tmp_path):
     items = [fake(tmp_path, "1.1", "import time; time.sleep(60)", estimate=1.0),
              fake(tmp_path, "1.2", "pass", estimate=500.0),
