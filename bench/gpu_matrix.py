@@ -807,14 +807,15 @@ def head_commit() -> str | None:
     return None
 
 
-def next_call(commit: str | None, doc: Path = DOC) -> tuple[int, list[str]] | None:
-    """(call, its items not yet run on `commit`), the first such call; None when every call has run on it."""
+def next_call(commit: str | None, doc: Path = DOC) -> tuple[int, list[str], bool] | None:
+    """(call, its items not yet run on `commit`, whether some of it has), the first such call; None when every call has
+    run on it."""
     done = {r["item"] for r in recorded(doc) if commit and r["commit"] == commit and r["result"] != "SKIPPED"}
     for call, build in CALLS.items():
         items = [i.id for i in build(places(Path("/tmp/out"), Path("/tmp/work"), cpu=False)) if i.kind not in SETUP]
         missing = [i for i in items if i not in done]
         if missing:
-            return call, missing
+            return call, missing, len(missing) < len(items)
     return None
 
 
@@ -876,6 +877,8 @@ def main(argv: list[str] | None = None) -> int:
         results = [load_json(path) for path in args.record]
         if any(r is None or "items" not in r for r in results):
             parser.error("--record takes callN-results.json files that gpu_matrix.py wrote")
+        if any(r["machine"] == "cpu" for r in results):
+            parser.error("--record keeps GPU runs: a --cpu run's figures say nothing about a GPU")
         print(f"gpu_matrix: {record(results, args.doc, args.commit)} rows added to {args.doc}")
         return 0
     if args.next or (args.dry_run and args.call is None):
@@ -886,10 +889,9 @@ def main(argv: list[str] | None = None) -> int:
         if found is None:
             print(f"next: nothing; every call has run on {commit}")
         else:
-            call, missing = found
-            print(
-                f"next: call {call} (not yet run on {commit}: {', '.join(missing)})\n  {device_command(call, commit)}"
-            )
+            call, missing, partly = found
+            command = device_command(call, commit, missing if partly else None)
+            print(f"next: call {call} (not yet run on {commit}: {', '.join(missing)})\n  {command}")
         return 0
     if args.call is None:
         parser.error("name a call (1-5), or --dry-run, --next, --record")

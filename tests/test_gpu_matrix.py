@@ -245,7 +245,7 @@ DOC = """# The GPU matrix
 def test_the_results_kept_say_which_call_is_next_on_this_commit(tmp_path):
     doc = tmp_path / "GPU_MATRIX.md"
     doc.write_text(DOC.format(header=gpu_matrix.RESULTS_HEADER, rows=""))
-    assert gpu_matrix.next_call("abc1234", doc)[0] == 1
+    assert gpu_matrix.next_call("abc1234", doc)[:1] == (1,)
     items = [i for i in gpu_matrix.call_1(gpu_places(tmp_path))]
     result = {"call": 1, "date": "2026-11-30", "machine": "NVIDIA H100 80GB HBM3", "commit": "abc1234",
               "items": [{"id": i.id, "what": i.what, "kind": i.kind, "status": "PASS", "figure": "x | y"} for i in items],
@@ -256,8 +256,9 @@ def test_the_results_kept_say_which_call_is_next_on_this_commit(tmp_path):
     rows = gpu_matrix.recorded(doc)
     assert rows[0]["date"] == "2026-11-30" and rows[0]["commit"] == "abc1234" and rows[-1]["item"] == "1.c"
     assert "## After" in doc.read_text() and "x / y" in doc.read_text()
-    call, missing = gpu_matrix.next_call("abc1234", doc)
-    assert (call, missing) == (1, [items[5].id]), "a skipped item is still to run"
+    assert gpu_matrix.next_call("abc1234", doc) == (1, [items[5].id], True), "a skipped item is still to run"
+    r = subprocess.run([*MATRIX, "--next", "--commit", "abc1234", "--doc", str(doc)], capture_output=True, text=True)
+    assert f'bench/gpu_matrix.py 1 --commit abc1234 --only {items[5].id}"' in r.stdout
     assert gpu_matrix.next_call("fffffff", doc)[0] == 1, "another commit starts again"
     result["items"][5]["status"] = "FAIL"
     gpu_matrix.record([result], doc)
@@ -277,7 +278,9 @@ def test_the_dry_run_shows_each_call_its_plan_and_the_next(tmp_path):
 
 
 def test_bad_arguments_exit_2_with_one_line(tmp_path):
-    for args in (["9"], ["1", "--only", "1.99"], ["--record", str(tmp_path / "none.json")], []):
+    cpu = tmp_path / "call1-results.json"
+    cpu.write_text(json.dumps({"call": 1, "machine": "cpu", "items": []}))
+    for args in (["9"], ["1", "--only", "1.99"], ["--record", str(tmp_path / "none.json")], [], ["--record", str(cpu)]):
         r = subprocess.run([*MATRIX, *args, "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "error:" in r.stderr.splitlines()[-1] and "Traceback" not in r.stderr, args
 
