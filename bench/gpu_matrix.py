@@ -895,6 +895,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.call is None:
         parser.error("name a call (1-5), or --dry-run, --next, --record")
+    if args.cpu and args.call != 1 and not args.dry_run:
+        parser.error("--cpu runs call 1 (its plumbing is the later calls' too); the others need a GPU")
     p = places(args.out, args.work, args.cpu)
     items = CALLS[args.call](p)
     if args.only:
