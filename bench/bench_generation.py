@@ -9,24 +9,35 @@ run decodes the full length), one warm-up (for ours: the torch.compile and the C
 checks that greedy tokens agree; bf16 kernels may differ in the last bits, so the first divergence (row, step) is
 reported rather than failed. Results as a markdown table, and with --json as a file.
 
+With --model, a checkpoint is loaded as `train_2048.py --config configs/<--preset>.yaml` loads it for training
+(the preset's backend, 4-bit or not, its LoRA; Unsloth's for_inference around generation, as in its rollouts), its
+adapters' B drawn at random so that they count, and the prompt is the training prompt through the model's own chat
+template, repeated --batch times: the decode step of the run itself. Options after `--` go to train_2048's parser.
+With --turn PATH the timed part waits for its turn (PATH.ask, then PATH.go; PATH.done after): bench/gpu_matrix.py
+runs other processes beside this one and stops them while it times. --cpu: the same on the CPU (the plumbing).
+
     python bench/bench_generation.py --geometry 20b --lora              # the issue-14 setting, H100: minutes
     python bench/bench_generation.py --geometry 20b --lora --batch 8    # shorter
     python bench/bench_generation.py --geometry 20b --layers 4 --lora   # a quick look
     FAST_GENERATE_COMPILE=none python bench/bench_generation.py ...     # our loop without CUDA graphs
+    python bench/bench_generation.py --model /dev/shm/w/gpt-oss-20b-4-split-4bit --preset gpt-oss-20b --batch 8
 
-Exit 2 with one line when there is no CUDA GPU.
+Exit 2 with one line when there is no CUDA GPU (and no --cpu).
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 GEOMETRIES = {
     "20b": {"num_hidden_layers": 24, "hidden_size": 2880, "intermediate_size": 2880, "num_attention_heads": 64,
@@ -39,6 +50,9 @@ GEOMETRIES = {
 
 
 def parse_args(argv):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--geometry", choices=sorted(GEOMETRIES), default="20b")
     parser.add_argument("--layers", type=int, help="override the number of layers (alternating sliding/full)")
@@ -52,10 +66,20 @@ def parse_args(argv):
     parser.add_argument("--experts", help="FAST_GENERATE_EXPERTS for this run (auto: grouped in bf16 on CUDA)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    parser.add_argument("--model", help="a checkpoint, loaded as train_2048.py loads it for --preset")
+    parser.add_argument("--preset", default="gpt-oss-20b", help="with --model: the configs/*.yaml it is loaded for")
+    parser.add_argument("--turn", help="wait for PATH.go (after writing PATH.ask) before timing; PATH.done after")
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU (the plumbing: tests use it)")
+    args = parser.parse_args(argv)
+    args.train_options = passthrough
+    if args.model and not (Path(args.model) / "config.json").exists():
+        parser.error(f"--model {args.model}: no config.json there")
+    if args.model and not (ROOT / "configs" / f"{args.preset}.yaml").exists():
+        parser.error(f"--preset {args.preset}: no configs/{args.preset}.yaml")
+    return args
 
 
-def build_model(geometry: str, layers: int | None, lora: bool, seed: int):
+def build_model(geometry: str, layers: int | None, lora: bool, seed: int, device: str = "cuda"):
     """Random bf16 weights allocated on the GPU directly: the 20B geometry never touches CPU memory."""
     import torch
     from transformers import GptOssConfig, GptOssForCausalLM
@@ -69,7 +93,7 @@ def build_model(geometry: str, layers: int | None, lora: bool, seed: int):
     torch.manual_seed(seed)
     torch.set_default_dtype(torch.bfloat16)
     try:
-        with torch.device("cuda"):
+        with torch.device(device):
             model = GptOssForCausalLM(config)
     finally:
         torch.set_default_dtype(torch.float32)
@@ -86,7 +110,43 @@ def build_model(geometry: str, layers: int | None, lora: bool, seed: int):
     return model.eval()
 
 
-def make_prompts(batch: int, length: int, vocab: int, seed: int):
+def load_for_training(folder: str, preset: str, options: list[str]):
+    """(model, tokenizer, backend, training prompt inputs): `folder` loaded by train_2048's own code for `preset`, as a
+    run of `python train_2048.py --config configs/<preset>.yaml --model_name_or_path <folder> <options>` loads it."""
+    import torch
+
+    import train_2048
+
+    argv = ["--config", str(ROOT / "configs" / f"{preset}.yaml"), "--model_name_or_path", folder,
+            "--output_dir", tempfile.mkdtemp(prefix="bench-generation-"), *options]  # fmt: skip
+    backend, cuda = train_2048.choose_backend(train_2048.early_options(argv, train_2048.read_config(argv)))
+    if backend == "unsloth":
+        import unsloth  # noqa: F401  (before trl, as train_2048 imports it)
+    from accelerate import PartialState
+
+    import evaluation
+    import rewards
+
+    script_args, settings, training_args, model_args = train_2048.parse_args(argv)
+    state = PartialState()
+    prompt = rewards.build_prompt(settings)
+    model, tokenizer = train_2048.load_policy(script_args, training_args, model_args, backend, prompt, state,
+                                              Path(training_args.output_dir))  # fmt: skip
+    with torch.no_grad():  # fresh adapters are a no-op: make them count, as after some training
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.02)
+    if backend == "unsloth":
+        from unsloth import FastLanguageModel
+
+        FastLanguageModel.for_inference(model)  # what Unsloth's unwrap does around every rollout
+    else:
+        model.eval()
+    inputs = evaluation.prompt_inputs(tokenizer, settings, training_args.chat_template_kwargs or {})
+    return model, tokenizer, backend, inputs
+
+
+def make_prompts(batch: int, length: int, vocab: int, seed: int, device: str = "cuda"):
     """Left-padded: row lengths spread over the last 20 tokens, the longest fills the row."""
     import torch
 
@@ -95,21 +155,41 @@ def make_prompts(batch: int, length: int, vocab: int, seed: int):
     mask = torch.ones_like(ids)
     for row in range(batch):
         mask[row, : (row * 7) % min(20, length)] = 0
-    return ids.masked_fill(mask == 0, 0).cuda(), mask.cuda()
+    return ids.masked_fill(mask == 0, 0).to(device), mask.to(device)
+
+
+def synchronize():
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def timed(fn):
-    import torch
-
-    torch.cuda.synchronize()
+    synchronize()
     start = time.perf_counter()
     result = fn()
-    torch.cuda.synchronize()
+    synchronize()
     return result, time.perf_counter() - start
 
 
-def prefill_seconds(model, ids, mask, repeats: int) -> float:
-    """The prompt's forward alone (both methods run the model's own forward for it)."""
+@contextlib.contextmanager
+def turn(path: str | None):
+    """The timed part, once bench/gpu_matrix.py says the machine is ours (PATH.go); PATH.done when it is over."""
+    if path:
+        Path(f"{path}.ask").touch()
+        while not Path(f"{path}.go").exists():
+            time.sleep(0.02)
+    try:
+        yield
+    finally:
+        if path:
+            Path(f"{path}.done").touch()
+
+
+def prefill_seconds(model, ids, mask, repeats: int, config) -> float:
+    """The prompt's forward alone (both methods run the model's own forward for it); where a patched forward (Unsloth's)
+    refuses these arguments, model.generate of one token: the prefill and one step."""
     import torch
     from transformers import DynamicCache
 
@@ -120,7 +200,16 @@ def prefill_seconds(model, ids, mask, repeats: int) -> float:
             return model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          past_key_values=DynamicCache(config=model.config), logits_to_keep=1)  # fmt: skip
 
-        forward()
+        try:
+            forward()
+        except Exception as error:  # noqa: BLE001 - a figure to report, not a reason to stop
+            print(f"# prefill: the forward refused ({type(error).__name__}: {error}); timing a 1-token generate")
+            one = config.__class__(**{**config.to_dict(), "max_new_tokens": 1})
+
+            def forward():
+                return model.generate(input_ids=ids, attention_mask=mask, generation_config=one)
+
+            forward()
         return statistics.median(timed(forward)[1] for _ in range(repeats))
 
 
@@ -135,19 +224,17 @@ def first_divergence(expected, got, prompt_length: int) -> str:
     return f"no: first at step {int(steps[first])} (row {int(differ[first, 0])})"
 
 
-def measure(name, run, batch, args, prefill):
-    """Warm-up (reported as the first call), then the median of the repeats."""
+def row_for(name, batch, args, first, runs, prefill):
+    """One method's figures: the first call (compile, graph recording), then the median of the timed runs."""
     import torch
 
-    torch.cuda.reset_peak_memory_stats()
-    output, first = timed(run)
-    seconds = statistics.median(timed(run)[1] for _ in range(args.repeats))
+    seconds = statistics.median(runs)
     decode_ms = 1000 * max(seconds - prefill, 0.0) / max(args.new_tokens - 1, 1)
-    row = {"method": name, "batch": batch, "first_call_s": round(first, 2), "run_s": round(seconds, 3),
-           "prefill_ms": round(1000 * prefill, 1), "decode_ms_per_step": round(decode_ms, 2),
-           "tokens_per_s": round(batch * args.new_tokens / seconds, 1),
-           "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}  # fmt: skip
-    return output, row
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_initialized() else None
+    return {"method": name, "batch": batch, "first_call_s": round(first, 2), "run_s": round(seconds, 3),
+            "prefill_ms": round(1000 * prefill, 1), "decode_ms_per_step": round(decode_ms, 2),
+            "tokens_per_s": round(batch * args.new_tokens / seconds, 1),
+            "peak_gib": None if peak is None else round(peak, 2)}  # fmt: skip
 
 
 def table(rows) -> str:
@@ -162,47 +249,67 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
+    if not args.cpu and not torch.cuda.is_available():
         print("bench_generation.py: needs a CUDA GPU (none is visible to torch)", file=sys.stderr)
         return 2
+    device = "cpu" if args.cpu else "cuda"
+    if args.cpu:
+        torch.set_num_threads(1)  # a tiny model is fastest on one thread, and CPUs here are shared
     if args.compile:
         os.environ["FAST_GENERATE_COMPILE"] = args.compile
     if args.experts:
         os.environ["FAST_GENERATE_EXPERTS"] = args.experts
+    started = time.perf_counter()
+    if args.model:
+        model, tokenizer, backend, inputs = load_for_training(args.model, args.preset, args.train_options)
+        pad = tokenizer.pad_token_id
+    else:
+        model = build_model(args.geometry, args.layers, args.lora, args.seed, device)
+        backend, inputs, pad = None, None, 0
     import transformers
     from transformers import GenerationConfig
 
     import generation
 
-    started = time.perf_counter()
-    model = build_model(args.geometry, args.layers, args.lora, args.seed)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     built = time.perf_counter() - started
-    config = GenerationConfig(max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
-    environment = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                   "transformers": transformers.__version__, "geometry": args.geometry,
-                   "layers": base.config.num_hidden_layers, "lora": args.lora, "new_tokens": args.new_tokens,
-                   "prompt_tokens": args.prompt_tokens, "build_s": round(built, 1),
-                   "weights_gib": round(torch.cuda.memory_allocated() / 2**30, 2)}  # fmt: skip
+    config = GenerationConfig(max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=pad, eos_token_id=None)
+    environment = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+                   "transformers": transformers.__version__, "geometry": "checkpoint" if args.model else args.geometry,
+                   "model": args.model, "preset": args.preset if args.model else None, "backend": backend,
+                   "layers": base.config.num_hidden_layers, "lora": bool(args.model) or args.lora,
+                   "new_tokens": args.new_tokens,
+                   "prompt_tokens": inputs["input_ids"].shape[1] if inputs is not None else args.prompt_tokens,
+                   "build_s": round(built, 1),
+                   "weights_gib": round(torch.cuda.memory_allocated() / 2**30, 2) if device == "cuda" else None}  # fmt: skip
     print(f"# {json.dumps(environment)}", flush=True)
     rows = []
     for batch in args.batch:
-        ids, mask = make_prompts(batch, args.prompt_tokens, base.config.vocab_size, args.seed + batch)
-        prefill = prefill_seconds(model, ids, mask, args.repeats)
-        expected = None
-        if not args.no_baseline:
-            theirs = functools.partial(model.generate, input_ids=ids, attention_mask=mask, generation_config=config)
-            expected, row = measure("model.generate", theirs, batch, args, prefill)
+        if inputs is not None:  # the training prompt, once per row (one group: every row the same prompt)
+            ids = inputs["input_ids"].repeat(batch, 1).to(model.device)
+            mask = inputs["attention_mask"].repeat(batch, 1).to(model.device)
+        else:
+            ids, mask = make_prompts(batch, args.prompt_tokens, base.config.vocab_size, args.seed + batch, device)
+        methods = {} if args.no_baseline else {"model.generate": functools.partial(
+            model.generate, input_ids=ids, attention_mask=mask, generation_config=config)}  # fmt: skip
+        methods["generation.generate"] = functools.partial(generation.generate, model, ids, mask, config)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        firsts = {name: timed(run) for name, run in methods.items()}  # warm-up: compiles, CUDA graphs
+        with turn(args.turn):
+            prefill = prefill_seconds(model, ids, mask, args.repeats, config)
+            runs = {name: [timed(run)[1] for _ in range(args.repeats)] for name, run in methods.items()}
+        expected = firsts["model.generate"][0] if "model.generate" in firsts else None
+        for name in methods:
+            row = row_for(name, batch, args, firsts[name][1], runs[name], prefill)
+            if name == "generation.generate":
+                row["path"] = generation.describe(model)
+                got = firsts[name][0]
+                row["same_greedy_tokens"] = "n/a" if expected is None else first_divergence(expected, got, ids.shape[1])
+                if expected is not None:
+                    row["speedup"] = round(rows[-1]["run_s"] / row["run_s"], 2)
             rows.append(row)
             print(json.dumps(row), flush=True)
-        ours = functools.partial(generation.generate, model, ids, mask, config)
-        got, row = measure("generation.generate", ours, batch, args, prefill)
-        row["path"] = generation.describe(model)
-        row["same_greedy_tokens"] = "n/a" if expected is None else first_divergence(expected, got, ids.shape[1])
-        if expected is not None:
-            row["speedup"] = round(rows[-1]["run_s"] / row["run_s"], 2)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
     print()
     print(table(rows))
     print(f"\nfast path: {generation.describe(model)}")

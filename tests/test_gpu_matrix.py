@@ -1,181 +1,328 @@
-"""bench/gpu_matrix.sh, the GPU matrix of issue 21: its dry run lists every item of the matrix, as valid bash, and its
-summary judges the targets. No model runs here: the GPU machine runs the items (docs/GPU_MATRIX.md)."""
+"""bench/gpu_matrix.py, the GPU check in calls that fit a lent GPU (issue 29): call 1's plan fits 420 s by its
+estimates, the two-point fit, the windows that keep a timed part alone, the time guard, the results kept in
+docs/GPU_MATRIX.md, and call 1 itself on the CPU with tiny models (the plumbing; the figures need a GPU)."""
 
 import json
-import os
 import re
 import subprocess
+import sys
+import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "bench" / "gpu_matrix.sh"
-PARTS = ("1", "2", "3", "4", "5")
-ITEM = re.compile(r"^(?P<command>.+)  # \[(?P<id>\d+\.\d+) ~(?P<est>\d+)s (?P<how>\S+)\] (?P<what>.+)$")
+sys.path.insert(0, str(REPO / "bench"))
+
+import gpu_matrix  # noqa: E402
+
+MATRIX = [sys.executable, str(REPO / "bench" / "gpu_matrix.py")]
 
 
-def script(*args, tmp_path, check=True):
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "PYTHON": "python3"}
-    r = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
-    if check:
-        assert r.returncode == 0, r.stdout + r.stderr
-    return r
+def gpu_places(tmp_path) -> gpu_matrix.Places:
+    return gpu_matrix.Places(out=tmp_path / "out", work=tmp_path / "work", big=tmp_path / "big", cpu=False)
 
 
-def items(text: str) -> list[dict]:
-    return [m.groupdict() for m in map(ITEM.match, text.splitlines()) if m]
+def test_the_two_point_fit_extrapolates_to_24_layers_and_prefers_a_measurement():
+    assert gpu_matrix.fit({2: 3.0, 4: 5.0}) == (1.0, 1.0)
+    assert gpu_matrix.extrapolate({4: 5.0, 2: 3.0}) == 25.0
+    assert gpu_matrix.extrapolate({2: 10.0, 4: 8.0}, layers=8) == 4.0  # a falling line stays a line
+    assert gpu_matrix.extrapolate({2: 3.0, 4: 5.0, 24: 30.0}) == 30.0  # measured at 24: that, not the line
+    assert gpu_matrix.extrapolate({2: 3.0}) is None and gpu_matrix.extrapolate({2: 3.0, 4: None}) is None
 
 
-def flag(command: str, name: str, default: str | None = None) -> str | None:
-    """The value after --name in a command line (the last one), else `default`."""
-    values = re.findall(rf"--{name} (\S+)", command)
-    return values[-1] if values else default
+def test_call_1_fits_420_s_by_the_turn_2_figures_and_so_does_every_later_call(tmp_path):
+    p = gpu_places(tmp_path)
+    for call, build in gpu_matrix.CALLS.items():
+        items = build(p)
+        end = gpu_matrix.simulate(items, gpu_matrix.JOBS.get(call, 5))["call"]
+        assert end <= gpu_matrix.BUDGET_S - gpu_matrix.RESERVE_S, (call, end)
+    items = {i.id: i for i in gpu_matrix.call_1(p)}
+    # the figures it stands on: turn 2's 33 s per 4-bit step at 24 layers and 200 tokens, scaled to 4 layers, 1024
+    grpo = [i for i in items.values() if i.kind == "grpo"]
+    assert {(i.preset, i.layers, i.tokens) for i in grpo} == {
+        (preset, layers, 1024) for preset in gpu_matrix.PRESETS for layers in (2, 4)
+    }
+    four = next(i for i in grpo if (i.preset, i.layers) == ("gpt-oss-20b", 4))
+    assert four.window_s == pytest.approx(33.0 * 4 / 24 * 1024 / 200)
+    assert "--max_completion_length 1024" in " ".join(four.command) and "--fast_generation true" in " ".join(
+        four.command
+    )
+    # reduced depth is why it fits: the same call at 24 layers would not
+    deep = [gpu_matrix.grpo_item(p, 1, n, preset, 24, None) for n, preset in enumerate(gpu_matrix.PRESETS, 3)]
+    assert (
+        gpu_matrix.simulate([*gpu_matrix.setup_items(p, 1), *gpu_matrix.build_items(p, 1, [24], True), *deep], 5)[
+            "call"
+        ]
+        > gpu_matrix.BUDGET_S
+    )
 
 
-@pytest.fixture(scope="module")
-def dry(tmp_path_factory) -> dict[str, str]:
-    tmp = tmp_path_factory.mktemp("dry")
-    out = {part: script("--dry-run", part, tmp_path=tmp).stdout for part in PARTS}
-    assert not (tmp / "out").exists() and not (tmp / "work").exists(), "a dry run writes nothing"
-    return out
+def test_call_1_asks_what_the_issue_asks_in_its_order(tmp_path):
+    items = gpu_matrix.call_1(gpu_places(tmp_path))
+    kinds = [i.kind for i in items if i.kind not in gpu_matrix.SETUP + ("build",)]
+    assert kinds == ["default", "mxfp4"] + ["grpo"] * 4 + ["decode"] * 4
+    default = " ".join(items[3].command)
+    assert "--geometry tiny --preset gpt-oss-20b --steps 2 --save_method merged_16bit" in default
+    assert "--fast_generation true" in default and "--layout" not in default  # the default's own (split) layout
+    decode = [i for i in items if i.kind == "decode"]
+    assert {(i.preset, i.layers) for i in decode} == {(p, d) for p in gpu_matrix.PRESETS for d in (2, 4)}
+    assert all("--batch 8" in " ".join(i.command) and "--turn" in i.command for i in decode)
+    four_bit = [i for i in items if i.preset == "gpt-oss-20b" and i.kind in ("grpo", "decode")]
+    assert all(
+        any("-split-4bit" in part for part in i.command + [n for link in i.links for n in link]) for i in four_bit
+    )
+    commands = [" ".join(i.command) for i in items]
+    assert all("--tokenizer_dir " in c for c in commands if "gpu_check.py" in c), "GPT-OSS's own tokenizer"
+    assert "bash .gpu-wheels/install.sh .gpu-wheels" in commands and not any(
+        "--verify_save false" in c for c in commands
+    )
 
 
-def test_the_script_is_valid_bash():
-    r = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
+def test_the_simulated_plan_runs_windows_one_at_a_time_and_the_rest_side_by_side():
+    def item(id_, estimate, window=0.0, needs=()):
+        return gpu_matrix.Item(id_, id_, ["true"], "suite", estimate, window_s=window, needs=needs)
+
+    # two runs of 15 s with 10 s alone each: 5 s side by side, then 10 + 10 alone
+    assert gpu_matrix.simulate([item("a", 15, 10), item("b", 15, 10)], jobs=5)["call"] == 25
+    ends = gpu_matrix.simulate([item("a", 10), item("b", 10), item("c", 10, needs=("a",))], jobs=2)
+    assert (ends["a"], ends["b"], ends["c"]) == (10, 10, 20)
+    assert gpu_matrix.simulate([item("a", 10), item("b", 10), item("c", 10)], jobs=2)["call"] == 20
+
+
+def fake(tmp_path, id_, code, kind="suite", estimate=1.0, turn=False, needs=()):
+    return gpu_matrix.Item(id_, f"fake {id_}", [sys.executable, "-c", code], kind, estimate, needs=needs,
+                           turn=str(tmp_path / "work" / "turns" / id_) if turn else None)  # fmt: skip
+
+
+def test_a_window_stops_every_other_process_of_the_call_and_resumes_them_after(tmp_path):
+    ticks, marks = tmp_path / "ticks", tmp_path / "marks"
+    ticker = f"import time\nend = time.time() + 3\nwhile time.time() < end:\n    open({str(ticks)!r}, 'a').write(f'{{time.time()}}\\n')\n    time.sleep(0.005)"  # fmt: skip
+    turn = tmp_path / "work" / "turns" / "1.2"
+    timed = (f"import time, pathlib\ntime.sleep(0.5)\nt = pathlib.Path({str(turn)!r})\n"
+             f"pathlib.Path(str(t) + '.ask').touch()\nwhile not pathlib.Path(str(t) + '.go').exists(): time.sleep(0.01)\n"
+             f"a = time.time(); time.sleep(0.8); b = time.time()\nopen({str(marks)!r}, 'w').write(f'{{a}} {{b}}')\n"
+             f"pathlib.Path(str(t) + '.done').touch()")  # fmt: skip
+    items = [fake(tmp_path, "1.1", ticker), fake(tmp_path, "1.2", timed, turn=True)]
+    lines = []
+    records = gpu_matrix.run_call(1, items, gpu_places(tmp_path), jobs=5, budget=60, say=lines.append)
+    assert [r["status"] for r in records] == ["PASS", "PASS"], records
+    start, end = map(float, marks.read_text().split())
+    stamps = [float(x) for x in ticks.read_text().split()]
+    assert any(t < start for t in stamps) and any(t > end for t in stamps), "it ran before and after the window"
+    assert not [t for t in stamps if start < t < end], "the other process ran during the timed part"
+    assert any("[1.2] timing alone on the machine (stopped: 1.1)" in line for line in lines)
+    assert records[1]["window_s"] >= 0.8
+
+
+def test_a_grpo_runs_window_is_its_second_step_even_after_an_earlier_call_left_its_metrics(tmp_path):
+    """On a warm machine the run folder holds the last call's metrics.jsonl until gpu_check clears it: that must not
+    open (and close) the window before the run's own first step."""
+    run = tmp_path / "work" / "run-1.2" / "run"
+    run.mkdir(parents=True)
+    step = '{"time/step_s": 1.0}'
+    (run / "metrics.jsonl").write_text(f"{step}\n{step}\n")
+    code = (f"import time, pathlib\nm = pathlib.Path({str(run / 'metrics.jsonl')!r})\nm.parent.mkdir(parents=True, "
+            f"exist_ok=True)\ntime.sleep(0.5)\nm.write_text({step!r} + '\\n')\ntime.sleep(0.6)\n"
+            f"m.write_text({step!r} + '\\n' + {step!r} + '\\n')\ntime.sleep(0.3)")  # fmt: skip
+    grpo = fake(tmp_path, "1.2", code, kind="grpo")
+    grpo.run_dir = str(run)
+    lines = []
+    records = gpu_matrix.run_call(1, [fake(tmp_path, "1.1", "import time; time.sleep(2)"), grpo], gpu_places(tmp_path),
+                                  jobs=5, budget=60, say=lines.append)  # fmt: skip
+    assert any("[1.2] timing alone on the machine (stopped: 1.1)" in line for line in lines)
+    assert records[1]["window_s"] >= 0.5
+
+
+def test_the_time_guard_skips_what_does_not_fit_and_stops_what_runs_past_the_end(tmp_path):
+    items = [fake(tmp_path, "1.1", "import time; time.sleep(60)", estimate=1.0),
+             fake(tmp_path, "1.2", "pass", estimate=500.0),
+             fake(tmp_path, "1.3", "pass", needs=("1.2",))]  # fmt: skip
+    lines = []
+    started = time.monotonic()
+    records = gpu_matrix.run_call(
+        1, items, gpu_places(tmp_path), jobs=5, budget=gpu_matrix.RESERVE_S + 3, say=lines.append
+    )
+    assert time.monotonic() - started < 20
+    status = {r["id"]: (r["status"], r["figure"]) for r in records}
+    assert status["1.1"][0] == "FAIL" and status["1.1"][1].startswith("cut at the call's end")
+    assert status["1.2"][0] == "SKIPPED" and "does not fit" in status["1.2"][1]
+    assert status["1.3"] == ("SKIPPED", "needs 1.2, which did not pass")
+    assert any("bench/gpu_matrix.py 1 --only 1.2" in line for line in lines), "it names the call that runs it later"
+
+
+def run_folder(tmp_path, fast_path, generation="generation: fast (module experts, compile=reduce-overhead)"):
+    run = tmp_path / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    steps = [{"time/step_s": 10.0, "time/generate_s": 4.0, "time/rewards_s": 0.5, "time/logprobs_and_backward_s": 5.0,
+              "time/optimizer_s": 0.5, "generation/fast_path": f, "gpu/peak_memory_gb": 7.0} for f in fast_path]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    result = {"generation": [generation], "save_checks": ["verified final"], "save_problems": []}
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    log = tmp_path / "log"
+    log.write_text("$ run\n")
+    return run, log
+
+
+def test_a_step_that_fell_back_to_model_generate_fails_with_its_reason(tmp_path):
+    p = gpu_places(tmp_path)
+    item = gpu_matrix.grpo_item(p, 1, 3, "gpt-oss-20b", 2, None)
+    run, log = run_folder(
+        tmp_path, [1.0, 0.0], "WARNING fast generation failed (CUDA graphs: boom); using model.generate"
+    )
+    item.run_dir, item.json = str(run), str(tmp_path / "r.json")
+    record = gpu_matrix.judge(item, 0, log, p)
+    assert record["status"] == "FAIL" and "generation/fast_path [1.0, 0.0]" in record["figure"]
+    assert "boom" in record["figure"]
+    run_folder(tmp_path, [1.0, 1.0])
+    record = gpu_matrix.judge(item, 0, log, p)
+    assert record["status"] == "PASS" and record["figures"]["step"] == 10.0
+    assert record["figures"]["decode_ms_in_step"] == pytest.approx(4000 / 1024)
+
+
+def test_the_mxfp4_refusal_passes_after_unsloths_banner_but_not_after_a_traceback(tmp_path):
+    p = gpu_places(tmp_path)
+    item = next(i for i in gpu_matrix.call_1(p) if i.kind == "mxfp4")
+    log = tmp_path / "log"
+    refusal = (
+        "train_2048: --save_method mxfp4: Unsloth writes it with llm-compressor, which needs transformers <= 4.57.6"
+    )
+    log.write_text(f"$ cmd\n🦥 Unsloth: Will patch your computer to enable 2x faster free finetuning.\n{refusal}\n")
+    assert gpu_matrix.judge(item, 2, log, p)["status"] == "PASS"
+    log.write_text(f"$ cmd\nTraceback (most recent call last):\n{refusal}\n")
+    assert gpu_matrix.judge(item, 2, log, p)["status"] == "FAIL"
+    assert gpu_matrix.judge(item, 1, log, p)["status"] == "FAIL"
+
+
+def test_the_targets_table_judges_the_extrapolated_figures():
+    def grpo(preset, layers, step):
+        return {"kind": "grpo", "preset": preset, "layers": layers, "tokens": 1024, "status": "PASS",
+                "fast_path": [1.0, 1.0], "figures": {"step": step, "generate": step / 2, "rewards": 0.1,
+                "logprobs_and_backward": step / 2 - 0.1, "peak_memory_gb": 5.0, "decode_ms_in_step": 1.0}}  # fmt: skip
+
+    def decode(preset, layers, ms):
+        return {"kind": "decode", "preset": preset, "layers": layers, "tokens": None, "status": "PASS",
+                "figures": {"decode_ms": ms, "decode_ms_generate": 4 * ms, "prefill_ms": 10.0}}  # fmt: skip
+
+    records = [
+        grpo("gpt-oss-20b", 2, 3.0),
+        grpo("gpt-oss-20b", 4, 5.0),  # 1 + 1 x layers: 25 s at 24
+        grpo("gpt-oss-20b-bf16", 2, 2.0),
+        grpo("gpt-oss-20b-bf16", 4, 3.0),  # 1 + 0.5 x layers: 13 s
+        decode("gpt-oss-20b-bf16", 2, 1.0),
+        decode("gpt-oss-20b-bf16", 4, 1.8),
+    ]  # 0.2 + 0.4 x layers: 9.8 ms
+    lines, rows = gpu_matrix.targets(records)
+    result = {r["target"]: (r["figure"], r["result"]) for r in rows}
+    assert result["BF16 decode step at batch 8 <= 10 ms at 24 layers"] == ("9.8 ms", "PASS")
+    assert result["4-bit GRPO step within 1.5x of BF16 at 24 layers"] == ("25.0 / 13.0 s = 1.92x", "FAIL")
+    assert result["generation/fast_path = 1 on every step of the default"][1] == "PASS"
+    assert result["4-bit GRPO step within 1.3x of generate + score + log-probs/backward"][1] == "n/a"  # no 4-bit decode
+    # BF16: 13 s against (10 + 9.8 ms x 1023) generate alone + 0.1 + (6.5 - 0.1) = 16.5 s
+    assert result["BF16 GRPO step within 1.3x of generate + score + log-probs/backward"][1] == "PASS"
+    assert "| 4-bit: GRPO step (1024 tokens) | 3.00 s | 5.00 s | 25.00 s (extrapolated) |" in lines
+    records[0]["fast_path"] = [1.0, 0.0]
+    assert (
+        dict((r["target"], r["result"]) for r in gpu_matrix.targets(records)[1])[
+            "generation/fast_path = 1 on every step of the default"
+        ]
+        == "FAIL"
+    )
+
+
+DOC = """# The GPU matrix
+
+## Results
+
+{header}
+|---|---|---|---|---|---|---|
+{rows}
+## After
+"""
+
+
+def test_the_results_kept_say_which_call_is_next_on_this_commit(tmp_path):
+    doc = tmp_path / "GPU_MATRIX.md"
+    doc.write_text(DOC.format(header=gpu_matrix.RESULTS_HEADER, rows=""))
+    assert gpu_matrix.next_call("abc1234", doc)[:1] == (1,)
+    items = [i for i in gpu_matrix.call_1(gpu_places(tmp_path))]
+    result = {"call": 1, "date": "2026-11-30", "machine": "NVIDIA H100 80GB HBM3", "commit": "abc1234",
+              "items": [{"id": i.id, "what": i.what, "kind": i.kind, "status": "PASS", "figure": "x | y"} for i in items],
+              "targets": [{"target": "BF16 decode step at batch 8 <= 10 ms at 24 layers", "figure": "9.5 ms",
+                           "result": "PASS"}]}  # fmt: skip
+    result["items"][5]["status"] = "SKIPPED"
+    assert gpu_matrix.record([result], doc) == len([i for i in items if i.kind != "setup"]) + 1
+    rows = gpu_matrix.recorded(doc)
+    assert rows[0]["date"] == "2026-11-30" and rows[0]["commit"] == "abc1234" and rows[-1]["item"] == "1.c"
+    assert "## After" in doc.read_text() and "x / y" in doc.read_text()
+    assert gpu_matrix.next_call("abc1234", doc) == (1, [items[5].id], True), "a skipped item is still to run"
+    r = subprocess.run([*MATRIX, "--next", "--commit", "abc1234", "--doc", str(doc)], capture_output=True, text=True)
+    assert f'bench/gpu_matrix.py 1 --commit abc1234 --only {items[5].id}"' in r.stdout
+    assert gpu_matrix.next_call("fffffff", doc)[0] == 1, "another commit starts again"
+    result["items"][5]["status"] = "FAIL"
+    gpu_matrix.record([result], doc)
+    assert gpu_matrix.next_call("abc1234", doc)[0] == 2
+    r = subprocess.run([*MATRIX, "--next", "--commit", "abc1234", "--doc", str(doc)], capture_output=True, text=True)
+    assert r.returncode == 0 and 'run(command="python3 bench/gpu_matrix.py 2 --commit abc1234"' in r.stdout
+
+
+def test_the_dry_run_shows_each_call_its_plan_and_the_next(tmp_path):
+    r = subprocess.run([*MATRIX, "--dry-run", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w")],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 0, r.stderr
+    for call in gpu_matrix.CALLS:
+        assert re.search(rf"# call {call}: ~\d+ s by the estimates \(\d at once\), fits 420 s", r.stdout), call
+    assert "bench/gpu_check.py --geometry tiny --preset gpt-oss-20b --steps 2 --save_method merged_16bit" in r.stdout
+    assert "\nnext: call " in r.stdout and not (tmp_path / "o").exists(), "a dry run writes nothing"
 
 
-def test_each_dry_run_is_valid_bash_one_command_a_line(dry, tmp_path):
-    for part, text in dry.items():
-        listing = tmp_path / f"part{part}.sh"
-        listing.write_text(text)
-        r = subprocess.run(["bash", "-n", str(listing)], capture_output=True, text=True)
-        assert r.returncode == 0, (part, r.stderr)
-        lines = [line for line in text.splitlines() if not line.startswith("#")]
-        assert all(ITEM.match(line) or line.endswith("  # [setup]") for line in lines), part
+def test_bad_arguments_exit_2_with_one_line(tmp_path):
+    cpu = tmp_path / "call1-results.json"
+    cpu.write_text(json.dumps({"call": 1, "machine": "cpu", "items": []}))
+    for args in (["9"], ["1", "--only", "1.99"], ["--record", str(tmp_path / "none.json")], [], ["--record", str(cpu)]):
+        r = subprocess.run([*MATRIX, *args, "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "error:" in r.stderr.splitlines()[-1] and "Traceback" not in r.stderr, args
 
 
-def test_every_part_installs_the_carried_wheels_and_tokenizer_and_stays_offline(dry):
-    for part, text in dry.items():
-        assert "bash .gpu-wheels/install.sh .gpu-wheels  # [setup]" in text, part
-        assert "tar -xzf .gpu-tokenizer.tar.gz" in text and "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1" in text, part
-        ids = [i["id"] for i in items(text)]
-        assert ids and len(ids) == len(set(ids)) and all(i.startswith(f"{part}.") for i in ids), part
-        # every item fits one 600-s call by itself, beside the setup
-        assert all(int(i["est"]) <= 540 for i in items(text)), part
-
-
-def test_the_dry_runs_cover_the_matrix_of_issue_21(dry):
-    listed = [i for text in dry.values() for i in items(text)]
-    checks = [i["command"] for i in listed if "bench/gpu_check.py" in i["command"]]
-    runs = [c for c in checks if "--build_only" not in c]
-    assert all("--tokenizer_dir " in c for c in checks), "every model is built with GPT-OSS's real tokenizer"
-    assert not any("--verify_save false" in c for c in runs), "every save is verified"
-
-    def key(c):
-        return (flag(c, "preset"), flag(c, "backend", "auto"), flag(c, "fast_generation", "false"))
-
-    tiny = {key(c) for c in runs if "--geometry tiny" in c}
-    for preset, backend in [
-        ("gpt-oss-20b", "auto"),
-        ("gpt-oss-20b-bf16", "auto"),
-        ("gpt-oss-20b-bf16", "transformers"),
-    ]:
-        assert {(preset, backend, "false"), (preset, backend, "true")} <= tiny, (preset, backend)
-    assert {flag(c, "save_method", "lora") for c in runs} >= {"lora", "merged_16bit"}
-    (mxfp4,) = [i["command"] for i in listed if "mxfp4" in i["command"]]
-    assert "train_2048.py --save_method mxfp4" in mxfp4 and "-eq 2" in mxfp4, "mxfp4: refused at startup, exit 2"
-    # what the CPU tier cannot run comes first on a GPU: Unsloth's loader and merge on the default's own layout
-    first = items(dry["1"])[0]["command"]
-    assert "--geometry tiny" in first and flag(first, "preset") == "gpt-oss-20b" and "--layout" not in first
-    assert flag(first, "save_method") == "merged_16bit"
-    builds = [c for c in checks if "--build_only" in c and "--geometry 20b" in c]
-    assert builds and all("--scratch " in c and "--layout" not in c for c in builds), "the split 4-bit copy too"
-    # the 20B geometry, all 24 layers, 3 steps: both presets, fast generation off and on, at 200 tokens (the before)
-    # and at the presets' own budget (no --max_completion_length)
-    full = [c for c in runs if "--geometry 20b" in c and "--layers" not in c]
-    assert all("--steps 3" in c for c in full)
-    at = {(*key(c), flag(c, "max_completion_length", "preset")) for c in full}
-    for preset in ("gpt-oss-20b", "gpt-oss-20b-bf16"):
-        assert {
-            (preset, "auto", "false", "200"),
-            (preset, "auto", "true", "200"),
-            (preset, "auto", "true", "preset"),
-        } <= at
-    assert ("gpt-oss-20b-bf16", "auto", "false", "preset") in at
-    assert ("gpt-oss-20b-bf16", "transformers", "true", "200") in at
-
-    (evaluate,) = [i for i in listed if "evaluate_2048.py" in i["command"]]
-    for words in ("--samples 2", "--games 2", "--adapter ", "--model "):
-        assert words in evaluate["command"]
-    (trained,) = [
-        i for i in listed if f"{flag(i['command'], 'workdir')}/run/final" == flag(evaluate["command"], "adapter")
+@pytest.mark.slow
+def test_call_1_on_the_cpu_runs_every_item_and_writes_its_table(tmp_path):
+    """Call 1 in --cpu mode: the default's path on a tiny model (GPT-OSS's tokenizer; gpu_check --cpu's backend),
+    mxfp4 refused, tiny models at 2 and 4 layers for both presets (GRPO steps, decode steps, their windows), the fit and
+    the targets table: every item passes and every file is written. The figures are a CPU's: only the plumbing counts."""
+    out = tmp_path / "out"
+    r = subprocess.run([*MATRIX, "--cpu", "1", "--out", str(out), "--work", str(tmp_path / "work"), "--commit", "abc"],
+                       capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    result = json.loads((out / "call1-results.json").read_text())
+    status = {i["id"]: i["status"] for i in result["items"]}
+    assert set(status.values()) == {"PASS"} and len(status) == 12, status
+    default = result["items"][0]
+    assert default["id"] == "1.1" and default["fast_path"] == [1.0, 1.0]
+    figures = default["figures"]
+    parts = [figures[p] for p in ("generate", "rewards", "logprobs_and_backward", "optimizer")]
+    assert figures["generate"] > 0 and sum(parts) == pytest.approx(figures["step"], rel=0.2)
+    assert "final-merged_16bit" in default["figure"]
+    report = json.loads((out / "items" / "1.1.json").read_text())  # gpu_check's own record of the run
+    assert (report["steps"], report["steady_steps"], report["preset"], report["device"]) == (2, 1, "gpt-oss-20b", "cpu")
+    assert report["tokenizer"] == "gpt-oss" and report["save_problems"] == []
+    built = json.loads((tmp_path / "work" / "tiny" / "gpt-oss-tiny-all" / "config.json").read_text())
+    assert built["model_type"] == "gpt_oss" and built["vocab_size"] == 201088
+    assert "| whole step (median, s) |" in (out / "logs" / "1.1.log").read_text()
+    items = {i["id"]: i for i in result["items"]}
+    assert all(items[i]["window_s"] for i in items if items[i]["kind"] in ("grpo", "decode")), "each was timed alone"
+    assert {(i["preset"], i["layers"]) for i in result["items"] if i["kind"] == "decode"} == {
+        (p, d) for p in gpu_matrix.PRESETS for d in (2, 4)
+    }
+    table = (out / "call1-targets.md").read_text()
+    assert "| BF16: decode step at batch 8, ours |" in table and "(extrapolated) |" in table
+    assert [t["target"] for t in result["targets"]][:3] == [
+        "BF16 decode step at batch 8 <= 10 ms at 24 layers",
+        "4-bit GRPO step within 1.5x of BF16 at 24 layers",
+        "generation/fast_path = 1 on every step of the default",
     ]
-    assert key(trained["command"]) == ("gpt-oss-20b", "auto", "false"), "an Unsloth adapter (the default preset)"
-    assert evaluate["how"].endswith(f"@{trained['id']}"), "it starts once the adapter is trained"
-    assert flag(evaluate["command"], "model") == flag(trained["command"], "workdir") + "/gpt-oss-tiny-all"
-
-    generation = [i["command"] for i in listed if "bench/bench_generation.py" in i["command"]]
-    assert any("--geometry 20b --lora --batch 8 " in c for c in generation)
-    assert any("timeout 550 python3 -m pytest -q" in i["command"] for i in listed)
-
-
-def test_only_runs_the_items_named(tmp_path):
-    text = script("--dry-run", "2", "--only", "2.3", tmp_path=tmp_path).stdout
-    assert [i["id"] for i in items(text)] == ["2.3"] and "install.sh" in text
-
-
-def test_bad_arguments_exit_2(tmp_path):
-    for args in (["--dry-run", "9"], ["--dry-run"], ["--bogus", "1"], ["--summary"]):
-        r = script(*args, tmp_path=tmp_path, check=False)
-        assert r.returncode == 2 and "usage:" in r.stderr, args
-
-
-def test_the_summary_judges_the_targets_across_parts(tmp_path):
-    """Results as parts 1-3 write them (made up here): each target line says PASS or FAIL."""
-
-    def run(preset, fast, step, backend="unsloth", **extra):
-        return {"geometry": "20b", "layers": None, "preset": preset, "backend": backend, "fast_generation": fast,
-                "max_completion_length": 200, "time/step_s": step, "time/generate_s": step / 2,
-                "time/rewards_s": 0.5, "time/logprobs_and_backward_s": step / 2 - 1, "time/optimizer_s": 0.5,
-                "peak_memory_gb": 40.0, "save_method": "lora", "save_checks": ["verified final"], "save_problems": [],
-                "generation": ["generation: fast (grouped experts, compile=reduce-overhead, step compiled)"], **extra}  # fmt: skip
-
-    check = "python3 bench/gpu_check.py --geometry 20b"
-
-    def part(n, results):
-        items = [{"id": f"{n}.{k}", "status": "passed", "seconds": 1, "estimate_s": 1, "what": "", "command": command,
-                  "result": result, "tail": ["3 passed"]} for k, (command, result) in enumerate(results, 1)]  # fmt: skip
-        path = tmp_path / f"part{n}-results.json"
-        path.write_text(json.dumps({"part": n, "items": items}))
-        return str(path)
-
-    bench = {"environment": {"geometry": "20b", "layers": 24},
-             "rows": [{"method": "model.generate", "batch": 8, "prefill_ms": 100.0, "decode_ms_per_step": 46.0},
-                      {"method": "generation.generate", "batch": 8, "prefill_ms": 100.0, "decode_ms_per_step": 9.0,
-                       "same_greedy_tokens": "yes"}]}  # fmt: skip
-    split = "GPT-OSS experts split, a Linear per expert (Unsloth's 4-bit layout); LoRA on 1536 of them"
-    fused = "GPT-OSS experts fused into tensors (transformers' layout); LoRA on 48 expert tensors"
-    files = [
-        part(1, [(check, run("gpt-oss-20b-bf16", True, 10.0, experts=fused, fast_path_share=1.0)),
-             (check, run("gpt-oss-20b", True, 16.0, experts=fused, fast_path_share=0.5))]),
-        part(2, [(check, run("gpt-oss-20b-bf16", False, 20.0)),
-                 (check, run("gpt-oss-20b", False, 33.0, experts=split))]),
-        part(3, [("bench_generation", bench), ("python3 evaluate_2048.py --adapter x", None),
-                 ("timeout 550 python3 -m pytest -q", None)]),
-    ]  # fmt: skip
-    out = script("--summary", *files, tmp_path=tmp_path).stdout
-    assert "decode step, BF16 + LoRA, batch 8, 24 layers: 9.0 ms (<= 10) PASS" in out
-    assert "4-bit / BF16 step (Unsloth), fast generation on, 200 tokens: 16.0 / 10.0 s = 1.60x (<= 1.5) FAIL" in out
-    assert "4-bit / BF16 step (Unsloth), fast generation off, 200 tokens: 33.0 / 20.0 s = 1.65x (<= 1.5) FAIL" in out
-    # generation alone: 0.1 + 199 * 9 ms = 1.89 s; + rewards 0.5 + log-probs/backward 4 = 6.39 s against a 10 s step
-    assert "fast on, 200 tokens: 10.0 / 6.4 s = 1.56x (<= 1.3) FAIL" in out
-    assert "fast path taken, gpt-oss-20b-bf16 on unsloth, 200 tokens: yes" in out
-    assert "fast path taken, gpt-oss-20b on unsloth, 200 tokens: no (fast_path 0.5" in out  # half the steps fell back
-    assert f"layout, gpt-oss-20b (20b, 200 tokens): {fused} FAIL" in out  # the 4-bit row timed fused experts
-    assert f"layout, gpt-oss-20b (20b, 200 tokens): {split} PASS" in out
-    assert f"layout, gpt-oss-20b-bf16 (20b, 200 tokens): {fused} PASS" in out
-    assert "saves verified: 4 of 4 runs (lora) PASS" in out
-    assert "evaluate_2048 --adapter (an Unsloth adapter, fresh process) [3.2]: passed" in out
-    assert "test suite [3.3]: passed: 3 passed" in out
+    assert r.stdout.rstrip().endswith(table.rstrip().splitlines()[-1]), "the table is printed last"
+    assert (out / "call1.log").read_text().count("PASS in") == 12
+    with tarfile.open(out / "call1-logs.tar.gz") as tar:
+        names = tar.getnames()
+    assert "logs/1.1.log" in names and "runs/1.3/metrics.jsonl" in names
