@@ -7,6 +7,7 @@ answer that stalls is not played to the limit in every game."""
 import builtins
 import importlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -491,6 +492,34 @@ def test_every_builtin_the_judge_refuses_is_said_in_the_prompt():
     for name in refused:
         assert f" {name}," in rules or REFUSED_IN_OTHER_WORDS[name] in rules, name
         assert policy.judge(f"def strategy(board):\n    return {name} and 'A'\n")[0] == (f"builtin {name!r}",)
+
+
+# The protocols of allowed modules that call a strategy's own methods, as their documentation names them: copy's, and
+# the pickle methods copy falls back on ("classes can use the same interfaces to control copying that they use to
+# control pickling"); abc's; os.PathLike's (os.fspath).
+LIBRARY_PROTOCOLS = {
+    "copy": ["__copy__", "__deepcopy__", "__replace__"],
+    "pickle, as copy uses it": ["__reduce_ex__", "__reduce__", "__getnewargs_ex__", "__getnewargs__", "__getstate__",
+                                "__setstate__"],
+    "abc": ["__subclasshook__", "__isabstractmethod__"],
+    "os.PathLike": ["__fspath__"],
+}  # fmt: skip
+
+
+def test_every_special_method_is_allowed():
+    """"Dunders beyond special methods" are refused, so every special method is allowed: each method the running
+    Python's own copy of the language reference documents as `object.__x__(...)` (pydoc_data; only type's
+    __subclasses__, which nothing calls implicitly, is introspection), and each method of the allowed modules'
+    protocols, defined on a class, read and called."""
+    import pydoc_data.topics
+
+    documented = set(re.findall(r"(?:object|type|class)\.(__\w+__)\(", " ".join(pydoc_data.topics.topics.values())))
+    assert len(documented) > 90 and {"__init__", "__index__", "__buffer__" if sys.version_info >= (3, 12) else "__len__"} <= documented
+    assert documented - policy.SAFE_DUNDERS == {"__subclasses__"}
+    for name in sorted(documented - {"__subclasses__"}) + [n for names in LIBRARY_PROTOCOLS.values() for n in names]:
+        code = f"class Cell:\n    def {name}(self, *args):\n        return 0\ndef strategy(board):\n"
+        code += f"    return 'A' if Cell.{name} and getattr(Cell(), {name!r}) else 'S'\n"
+        assert policy.judge(code) == ((), None), name
 
 
 def public_names(module: str) -> list[str]:
