@@ -665,6 +665,16 @@ ESCAPES = {
                     return g["__builtins__"]["open"]("/etc/hostname") and "A"
             return "A"
     """,
+    "copy's globals through a __reduce__ that copy calls, then os": """
+        import copy
+        class Grab:
+            def __reduce__(self):
+                return (getattr, (copy.deepcopy, "__glo" + "bals__"))  # called in copy's own code
+        def strategy(board):
+            os = copy.copy(Grab())["__builtins__"]["__import__"]("os")
+            os.kill(os.getppid(), 0)
+            return "A"
+    """,
     "functools' globals through update_wrapper, then os": ROUTE_TO_BUILTINS + textwrap.dedent("""
         def strategy(board):
             os = real_builtins()["__import__"]("os")
@@ -691,6 +701,26 @@ def test_escapes_that_act_outside_score_exactly_like_the_forbidden_import():
     scores = scored([fenced(FORBIDDEN_IMPORT)] + [fenced(c) for c in codes])
     for name, score in zip(names, scores[1:], strict=True):
         assert score == scores[0] == FORBIDDEN_SCORE, (name, score)
+
+
+# Plain code, no escape, whose call reaches outside its process through a public function of an allowed module: the
+# kernel sees it. (Arguments that name nothing outside are the kernel's own error, as in plain Python:
+# tests/test_detection.py.)
+REACHES_OUTSIDE = {
+    "the machine's clock, whatever the value": "time.clock_settime(time.CLOCK_REALTIME, -1.0)",
+    "another process's CPU clock (pid 1's)": "time.clock_gettime(((~1) << 3) | 2)",
+}
+
+
+def test_plain_calls_that_reach_outside_score_exactly_like_the_forbidden_import():
+    names = sorted(REACHES_OUTSIDE)
+    codes = [f"import time\ndef strategy(board):\n    {REACHES_OUTSIDE[n]}\n    return 'A'\n" for n in names]
+    scores = scored([fenced(c) for c in codes])
+    for name, code, score in zip(names, codes, scores, strict=True):
+        assert policy.judge(code) == ((), None), name
+        assert score == FORBIDDEN_SCORE, (name, score)
+        result = sandbox.play(code, seed=0, size=3, target=64)
+        assert (result.status, result.error) == ("violation", sandbox_server.SECCOMP_KILL), (name, result)
 
 
 def test_the_escape_past_the_audit_hook_is_seen_by_the_kernel():
