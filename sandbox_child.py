@@ -14,7 +14,9 @@ Honest code must then never make one: the server does beforehand what CPython an
 lazily (import helper modules, read the time zone) and the child never prints warnings or unraisable exceptions (the
 traceback printer opens source files). CPython's own lazy imports are never a violation, whatever the module: C code's
 pass through the strategy's __import__ with a list as fromlist (_restricted_import), and the child's import system
-reads no file (_no_imports_from_disk). tests/test_detection.py plays every honest answer of the tests through it.
+reads no file (_no_imports_from_disk). A compile error's report opens no file, whoever compiles (_audit_hook), and a
+fatal error's abort() signals the process itself (allowed: a crash, as in plain Python). tests/test_detection.py plays
+every honest answer of the tests through it, and honest code in the sandbox and as plain Python: the same end.
 
 Seen in Python. The audit hook reports what the strategy's own code reaches for in its process (eval, exec, imports,
 open, frames, code objects, ...) as a violation with the event named; events that the allowed modules raise in their
