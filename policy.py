@@ -56,9 +56,15 @@ ALLOWED_BUILTINS = frozenset(
 )  # fmt: skip
 _FORBIDDEN_BUILTINS = frozenset(dir(builtins)) - ALLOWED_BUILTINS
 
-# Double-underscore names a strategy may define, read and call: Python's data model (what operators, protocols and
-# ordinary classes use) and a few names. Every other dunder is introspection (__globals__, __dict__, __code__,
-# __subclasses__, __mro__, __bases__, __self__, __builtins__, ...).
+# Double-underscore names a strategy may define, read and call: the special methods, that is every method Python's
+# data model (the language reference's `object.__x__`: operators, protocols, ordinary classes) or a protocol of an
+# allowed module calls on a strategy's own objects: copy's (__copy__, __deepcopy__, 3.13's __replace__) with the pickle
+# methods it falls back on (__reduce_ex__, __reduce__, __getnewargs_ex__, __getnewargs__, __getstate__, __setstate__),
+# abc's (__subclasshook__, __isabstractmethod__), dataclasses' __post_init__, os.PathLike's __fspath__; and a few names.
+# Defining one reaches nothing a strategy could not reach without it (what copy does with a __reduce__, the code could
+# do itself; the kernel keeps the process in). Every other dunder is introspection (__globals__, __dict__, __code__,
+# __subclasses__, __mro__, __bases__, __self__, __builtins__, ...). tests/test_contract.py checks the language
+# reference's list of the running Python against this one.
 SAFE_DUNDERS = frozenset(
     {"__name__", "__qualname__", "__doc__", "__class__", "__slots__", "__all__", "__version__", "__author__",
      "__match_args__"}
@@ -66,8 +72,10 @@ SAFE_DUNDERS = frozenset(
         "init new post_init del repr str format bytes hash bool sizeof eq ne lt le gt ge getattr setattr delattr dir "
         "get set delete set_name call len length_hint getitem setitem delitem missing iter next reversed contains "
         "enter exit aenter aexit await aiter anext neg pos abs invert complex int float index round trunc floor ceil "
-        "copy deepcopy init_subclass class_getitem divmod rdivmod getattribute instancecheck subclasscheck prepare "
-        "subclasshook mro_entries buffer release_buffer"
+        "init_subclass class_getitem divmod rdivmod getattribute instancecheck subclasscheck prepare mro_entries "
+        "buffer release_buffer "
+        "copy deepcopy replace reduce reduce_ex getnewargs getnewargs_ex getstate setstate "
+        "subclasshook isabstractmethod fspath"
     ).split()}
     | {f"__{p}{n}__" for p in ("", "r", "i") for n in (
         "add sub mul matmul truediv floordiv mod pow lshift rshift and xor or"

@@ -14,7 +14,9 @@ Honest code must then never make one: the server does beforehand what CPython an
 lazily (import helper modules, read the time zone) and the child never prints warnings or unraisable exceptions (the
 traceback printer opens source files). CPython's own lazy imports are never a violation, whatever the module: C code's
 pass through the strategy's __import__ with a list as fromlist (_restricted_import), and the child's import system
-reads no file (_no_imports_from_disk). tests/test_detection.py plays every honest answer of the tests through it.
+reads no file (_no_imports_from_disk). A compile error's report opens no file, whoever compiles (_audit_hook), and a
+fatal error's abort() signals the process itself (allowed: a crash, as in plain Python). tests/test_detection.py plays
+every honest answer of the tests through it, and honest code in the sandbox and as plain Python: the same end.
 
 Seen in Python. The audit hook reports what the strategy's own code reaches for in its process (eval, exec, imports,
 open, frames, code objects, ...) as a violation with the event named; events that the allowed modules raise in their
@@ -253,9 +255,11 @@ def drop_to_own_user() -> None:
 
 
 # The child's only system calls once it is walled in (seccomp allowlist; anything else kills it). What a running
-# CPython needs to compute: memory, clocks and sleep, random bytes, and its pipes. Measured by tracing children through
-# every sandbox test; names missing on an architecture (aarch64 has no `time`) are skipped. Not here, so fatal: every
-# file, socket, IPC, process, signal, scheduling, fcntl/ioctl and prctl call.
+# CPython needs to compute: memory, clocks and sleep, random bytes, its pipes, and its own end: a fatal error of
+# CPython's or the C library's reports on stderr and calls abort(), which signals the process itself with SIGABRT (a
+# crash, as in plain Python). Measured by tracing children through every sandbox test; names missing on an architecture
+# (aarch64 has no `time`) are skipped. Not here, so fatal: every file, socket, IPC, process, scheduling, fcntl/ioctl
+# and prctl call, and every signal but abort()'s to itself.
 _ALLOWED_SYSCALLS = (
     # memory (the allocator); protections of its own pages only. mmap and madvise: argument checks below
     "brk", "munmap", "mremap", "mprotect",
@@ -269,6 +273,7 @@ _ALLOWED_SYSCALLS = (
     "close",
 )  # fmt: skip
 _FUTEX_PRIVATE_FLAG, _PRIVATE_FUTEX_OPS = 128, (0, 1, 9, 10)  # WAIT, WAKE, WAIT_BITSET, WAKE_BITSET
+_OWN_PID = 0x7EADBEEF  # stands for the child's own pid in the filter: SeccompProgram.load writes it in
 _MAP_HUGETLB, _MAP_LOCKED = 0x40000, 0x2000
 _MADVICE = (0, 1, 2, 3, 4, 8, 14, 15)  # NORMAL, RANDOM, SEQUENTIAL, WILLNEED, DONTNEED, FREE, (NO)HUGEPAGE
 
@@ -293,12 +298,19 @@ def build_seccomp(default_action: str = "KILL_PROCESS"):
         for name in _ALLOWED_SYSCALLS:
             allow(name)
         allow("read", sc.Arg(0, sc.EQ, READ_FD))
-        for fd in (1, 2, WRITE_FD):  # print() goes to stdout, which is /dev/null
-            allow("write", sc.Arg(0, sc.EQ, fd))
-        # Clocks 0-15 only (realtime, monotonic, its own CPU time, ...): a negative id is another process's CPU clock,
-        # readable and waitable without any permission check, a way to find pids and to signal between games.
+        for fd in (1, 2, WRITE_FD):  # print() goes to stdout, the C library's fatal-error report (writev) to stderr
+            for name in ("write", "writev"):
+                allow(name, sc.Arg(0, sc.EQ, fd))
+        # abort()'s signal to the process itself (tgkill(getpid(), gettid(), SIGABRT)): CPython's Py_FatalError and the
+        # C library's fatal errors end so, a crash. Any other signal, to anyone, kills the child with SIGSYS.
+        allow("tgkill", sc.Arg(0, sc.EQ, _OWN_PID), sc.Arg(2, sc.EQ, signal.SIGABRT))
+        # Clocks by what they reach. An id >= 0 names a clock of the machine (realtime, monotonic, its own CPU time,
+        # a newer kernel's auxiliary clocks, ...) or nothing (EINVAL, as in plain Python); -8..-1 name the process
+        # itself (pid 0). Any other negative id is another process's or thread's CPU clock, readable and waitable
+        # without a permission check (a pid oracle, a watch on the trainer, a channel between games): cheating.
         for name in ("clock_gettime", "clock_getres", "clock_nanosleep"):
-            allow(name, sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFF0, 0))
+            allow(name, sc.Arg(0, sc.MASKED_EQ, 0x80000000, 0))
+            allow(name, sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFF8, 0xFFFFFFF8))
         # Futexes private to its own memory only: a shared futex (keyed by a file's page) reaches other processes.
         for op in _PRIVATE_FUTEX_OPS:
             allow("futex", sc.Arg(1, sc.MASKED_EQ, 0xFF, op | _FUTEX_PRIVATE_FLAG))
@@ -311,22 +323,29 @@ def build_seccomp(default_action: str = "KILL_PROCESS"):
             program = f.read()
         if not program or len(program) % 8:
             raise ValueError(f"unexpected BPF program of {len(program)} bytes")
+        # Where the filter compares with _OWN_PID: the constant (k) of exactly one instruction (code, jt, jf, k).
+        pid_at = [i + 4 for i in range(0, len(program), 8) if struct.unpack_from("=I", program, i + 4)[0] == _OWN_PID]
+        if len(pid_at) != 1:
+            raise ValueError(f"the own-pid placeholder is in {len(pid_at)} instructions, not 1")
     except Exception as exc:
         return None, f"seccomp filter could not be built: {type(exc).__name__}: {exc}"
-    return SeccompProgram(program), ""
+    return SeccompProgram(program, pid_at[0]), ""
 
 
 class SeccompProgram:
-    """A compiled filter, installed with two prctl calls (so children never run libseccomp)."""
+    """A compiled filter, installed with two prctl calls (so children never run libseccomp). Each child writes its own
+    pid into its copy before it installs it (the pages are its own after the fork)."""
 
     class _Fprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-    def __init__(self, program: bytes):
+    def __init__(self, program: bytes, pid_at: int):
         self.buffer = ctypes.create_string_buffer(program, len(program))
         self.fprog = self._Fprog(len(program) // 8, ctypes.addressof(self.buffer))
+        self.pid_at = pid_at
 
     def load(self) -> None:
+        struct.pack_into("=I", self.buffer, self.pid_at, os.getpid())
         prctl(_PR_SET_NO_NEW_PRIVS, 1)
         if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(self.fprog), 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "seccomp filter could not be installed")
@@ -384,6 +403,8 @@ def prepare_runtime() -> None:
             if hasattr(real, attr) and policy.served(name, attr):
                 value = getattr(real, attr)
                 setattr(proxy, attr, _PROXIES[value.__name__] if isinstance(value, types.ModuleType) else value)
+        if hasattr(real, "__all__"):  # what `from name import *` binds, as it does in plain Python
+            proxy.__all__ = [attr for attr in real.__all__ if policy.served(name, attr)]
     _SAFE_BUILTINS.update({n: getattr(builtins, n) for n in policy.ALLOWED_BUILTINS})
     _SAFE_BUILTINS.update(
         __import__=_restricted_import,  # what `import` statements call; not a name the code may use
@@ -446,8 +467,11 @@ def _audit_hook(library_files: frozenset):
     """The hook for one child, installed before the strategy compiles, and `watch(code, on)`, called before its module
     runs: with on=False the hook stays out of the way (the `_unrestricted` test switch).
 
-    While the code compiles, the hook refuses to open files: CPython reads the source line of a syntax error from the
-    file the code claims to come from, a system call that would kill the child for an honest mistake. Once watching,
+    Whoever compiles (the child loading the strategy, typing evaluating a string annotation, dataclasses making an
+    __init__), a compiler-stage error makes CPython's C code open the file the code claims to come from, to quote the
+    line (an `open` event with no flags: Python's own opens always pass some). The hook refuses that open with the
+    error of a missing file, in every phase and whatever the frame: the error then comes without its line, as plain
+    Python's does for code compiled from a string, where the system call would have killed the child. Once watching,
     every event is a violation but the harmless ones, the one exec of the strategy's own module, setting an allowed
     attribute on a class (CPython audits every attribute set on a type), and events raised in the allowed modules' own
     code (the innermost Python frame is in one of `library_files`). An import of a module not loaded yet is the
@@ -467,9 +491,9 @@ def _audit_hook(library_files: frozenset):
         return name not in introspection and (not dunder or name in safe_dunders)
 
     def hook(event, args):
+        if event == "open" and length(args) > 2 and args[2] == 0:  # the compiler's error report: it goes on without
+            raise OSError(errno.ENOENT, "no files in the sandbox")
         if state["phase"] != "watching":
-            if state["phase"] == "compiling" and event == "open":
-                raise OSError(errno.EPERM, "no files in the sandbox")  # the compiler clears it and goes on
             return
         if event in harmless or busy[0]:
             return

@@ -7,6 +7,7 @@ answer that stalls is not played to the limit in every game."""
 import builtins
 import importlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -493,6 +494,34 @@ def test_every_builtin_the_judge_refuses_is_said_in_the_prompt():
         assert policy.judge(f"def strategy(board):\n    return {name} and 'A'\n")[0] == (f"builtin {name!r}",)
 
 
+# The protocols of allowed modules that call a strategy's own methods, as their documentation names them: copy's, and
+# the pickle methods copy falls back on ("classes can use the same interfaces to control copying that they use to
+# control pickling"); abc's; os.PathLike's (os.fspath).
+LIBRARY_PROTOCOLS = {
+    "copy": ["__copy__", "__deepcopy__", "__replace__"],
+    "pickle, as copy uses it": ["__reduce_ex__", "__reduce__", "__getnewargs_ex__", "__getnewargs__", "__getstate__",
+                                "__setstate__"],
+    "abc": ["__subclasshook__", "__isabstractmethod__"],
+    "os.PathLike": ["__fspath__"],
+}  # fmt: skip
+
+
+def test_every_special_method_is_allowed():
+    """"Dunders beyond special methods" are refused, so every special method is allowed: each method the running
+    Python's own copy of the language reference documents as `object.__x__(...)` (pydoc_data; only type's
+    __subclasses__, which nothing calls implicitly, is introspection), and each method of the allowed modules'
+    protocols, defined on a class, read and called."""
+    import pydoc_data.topics
+
+    documented = set(re.findall(r"(?:object|type|class)\.(__\w+__)\(", " ".join(pydoc_data.topics.topics.values())))
+    assert len(documented) > 90 and {"__init__", "__index__", "__buffer__" if sys.version_info >= (3, 12) else "__len__"} <= documented
+    assert documented - policy.SAFE_DUNDERS == {"__subclasses__"}
+    for name in sorted(documented - {"__subclasses__"}) + [n for names in LIBRARY_PROTOCOLS.values() for n in names]:
+        code = f"class Cell:\n    def {name}(self, *args):\n        return 0\ndef strategy(board):\n"
+        code += f"    return 'A' if Cell.{name} and getattr(Cell(), {name!r}) else 'S'\n"
+        assert policy.judge(code) == ((), None), name
+
+
 def public_names(module: str) -> list[str]:
     """Every public name of an allowed module on the running Python, derived here, not from the product: dir() and
     __all__ (3.13's typing makes Match, Pattern, ContextManager on first use: in __all__, in dir() only once made)."""
@@ -636,6 +665,16 @@ ESCAPES = {
                     return g["__builtins__"]["open"]("/etc/hostname") and "A"
             return "A"
     """,
+    "copy's globals through a __reduce__ that copy calls, then os": """
+        import copy
+        class Grab:
+            def __reduce__(self):
+                return (getattr, (copy.deepcopy, "__glo" + "bals__"))  # called in copy's own code
+        def strategy(board):
+            os = copy.copy(Grab())["__builtins__"]["__import__"]("os")
+            os.kill(os.getppid(), 0)
+            return "A"
+    """,
     "functools' globals through update_wrapper, then os": ROUTE_TO_BUILTINS + textwrap.dedent("""
         def strategy(board):
             os = real_builtins()["__import__"]("os")
@@ -662,6 +701,26 @@ def test_escapes_that_act_outside_score_exactly_like_the_forbidden_import():
     scores = scored([fenced(FORBIDDEN_IMPORT)] + [fenced(c) for c in codes])
     for name, score in zip(names, scores[1:], strict=True):
         assert score == scores[0] == FORBIDDEN_SCORE, (name, score)
+
+
+# Plain code, no escape, whose call reaches outside its process through a public function of an allowed module: the
+# kernel sees it. (Arguments that name nothing outside are the kernel's own error, as in plain Python:
+# tests/test_detection.py.)
+REACHES_OUTSIDE = {
+    "the machine's clock, whatever the value": "time.clock_settime(time.CLOCK_REALTIME, -1.0)",
+    "another process's CPU clock (pid 1's)": "time.clock_gettime(((~1) << 3) | 2)",
+}
+
+
+def test_plain_calls_that_reach_outside_score_exactly_like_the_forbidden_import():
+    names = sorted(REACHES_OUTSIDE)
+    codes = [f"import time\ndef strategy(board):\n    {REACHES_OUTSIDE[n]}\n    return 'A'\n" for n in names]
+    scores = scored([fenced(c) for c in codes])
+    for name, code, score in zip(names, codes, scores, strict=True):
+        assert policy.judge(code) == ((), None), name
+        assert score == FORBIDDEN_SCORE, (name, score)
+        result = sandbox.play(code, seed=0, size=3, target=64)
+        assert (result.status, result.error) == ("violation", sandbox_server.SECCOMP_KILL), (name, result)
 
 
 def test_the_escape_past_the_audit_hook_is_seen_by_the_kernel():

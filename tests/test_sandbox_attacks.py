@@ -309,6 +309,15 @@ def test_ctypes_segfault_is_a_crash(world):
     assert "SIGSEGV" in r.error
 
 
+@pytest.mark.parametrize("fatal", ["os.abort()", "LIBC.free(ctypes.c_void_p(P))\nLIBC.free(ctypes.c_void_p(P))"])
+def test_a_fatal_error_is_a_crash(world, fatal):
+    """abort(), as CPython's Py_FatalError and the C library's fatal errors (a double free, reported on stderr first)
+    end a process, signals the process itself with SIGABRT: a crash, as in plain Python, never the kernel's SIGSYS."""
+    prelude = ESCAPED + "LIBC.malloc.restype = ctypes.c_void_p\nP = LIBC.malloc(64)\n"
+    r = attack(strategy(fatal, prelude=prelude), "crash", unrestricted=True)
+    assert r.error == "killed by signal SIGABRT", r
+
+
 def test_c_recursion_segfault_is_a_crash(world):
     code = strategy("""
         import sys
@@ -425,6 +434,8 @@ OUTSIDE = {
     "killpg the trainer's group": "os.killpg({group}, signal.SIGURG)",
     "kill itself": "os.kill(os.getpid(), signal.SIGKILL)",
     "pthread_kill itself": "signal.pthread_kill(threading.main_thread().ident, signal.SIGURG)",
+    "abort()'s signal to the trainer (tgkill)": "LIBC.syscall(234, {me}, {me}, signal.SIGABRT)",
+    "abort()'s signal to the referee (kill)": "os.kill(os.getppid(), signal.SIGABRT)",
     "pidfd_open of the trainer": "LIBC.syscall(434, {me}, 0)",
     "a signal handler": "signal.signal(signal.SIGTERM, signal.SIG_IGN)",
     "an interval timer": "signal.setitimer(signal.ITIMER_REAL, 0)",
@@ -494,6 +505,8 @@ OUTSIDE = {
 # plain memory, random bytes, sleep). The same prelude plays on: so each step above is what the kernel kills.
 INSIDE = [
     "time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)",
+    "time.clock_gettime(((~0) << 3) | 2)",  # its own CPU clock by pid: 0 is the calling process
+    "time.clock_getres(100)",  # a clock id that names nothing: EINVAL
     "LIBC.syscall(202, ctypes.byref(WORD), 129, 1, None, None, 0)",  # FUTEX_WAKE_PRIVATE
     "LIBC.mmap(None, 1 << 16, 3, 0x22, -1, 0)",
     "os.urandom(16)",
@@ -791,7 +804,8 @@ def test_module_internals_are_not_served(world):
 
 def test_text_that_allowed_modules_evaluate_meets_the_same_walls(world):
     """typing evaluates string annotations, dataclasses writes its methods as source text from the field names: text
-    the judge never sees runs with the strategy's builtins and module copies, and any step outside is seen."""
+    the judge never sees runs with the strategy's builtins and module copies, and any step outside is seen. Text that
+    does not compile never runs: it is the SyntaxError plain Python raises."""
     annotation = strategy(
         "def f(x: \"__import__('os').getpid()\"):\n    pass\nreturn typing.get_type_hints(f) and 'W'",
         prelude="import typing\n",
@@ -803,7 +817,8 @@ def test_text_that_allowed_modules_evaluate_meets_the_same_walls(world):
         "X = type('X', (), {d: {\"x=__import__('os').getpid()#\": int}})\nreturn dataclasses.dataclass(X)",
         prelude="import dataclasses\n",
     )
-    attack(field, "violation")  # the text does not compile: CPython opens "<string>" to quote it, and the kernel sees
+    r = attack(field, "error")  # CPython's report of it opens no file (sandbox_child._audit_hook)
+    assert r.error.startswith("SyntaxError: "), r
 
 
 def test_builtins_and_sys_modules_tampering_stays_in_the_child(world):
