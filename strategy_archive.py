@@ -58,12 +58,13 @@ GUARD = (
 @functools.lru_cache(maxsize=4096)
 def strategy_id(code: str) -> str | None:
     """A strategy's identity: a digest of its syntax tree, so that formatting and comments do not count; None when it
-    cannot be told (it does not parse here, or nests too deep to walk)."""
+    cannot be kept (it does not parse here, nests too deep to walk, or is no text a file can hold)."""
     try:
+        code.encode("utf-8")
         dump = ast.dump(ast.parse(code))
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+    except (UnicodeEncodeError, SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
         return None
-    return hashlib.sha256(dump.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return hashlib.sha256(dump.encode()).hexdigest()[:16]
 
 
 def game_row(result, settings) -> tuple[float, int, bool, int, float]:
@@ -126,7 +127,9 @@ class StrategyArchive(TrainerCallback):
         self.timing = timing or (lambda: nullcontext())
         self.writer = writer
         self.entries: dict[str, Entry] = {}
-        self.records: list = []  # this process's (step, code, games) since the step began
+        self.records: list = []  # this process's (step, code, games, cheats) since the step began
+        self.answers_this_step = 0  # this process's answers judged since the step began, playable or not
+        self.answers = 0  # every process's, all steps together
         self.seen_verdicts = None  # the verdict list recorded last: both game rewards get the same one per batch
         self.credit = 0.0  # seconds of re-scoring the run may still spend (negative after an overrun)
         self.training_seconds = 0.0  # every step's time, re-scoring left out
@@ -155,6 +158,7 @@ class StrategyArchive(TrainerCallback):
             verdicts = judge(completions, trainer_state, log_metric)
             if verdicts is not self.seen_verdicts:
                 self.seen_verdicts = verdicts
+                self.answers_this_step += len(verdicts)
                 self.record(verdicts, (getattr(trainer_state, "global_step", 0) or 0) + 1)
             return verdicts
 
@@ -203,14 +207,16 @@ class StrategyArchive(TrainerCallback):
 
     def end_step(self, step_seconds: float) -> None:
         """Merge every process's records of the step, earn this step's re-scoring time, spend what fits."""
-        records, self.records = self.records, []
+        parts = [(self.records, self.answers_this_step)]
+        self.records, self.answers_this_step = [], 0
         if self.world > 1:  # every process calls this at the end of every step
             from accelerate.utils import gather_object
 
-            records = [r for part in gather_object([records]) for r in part]
+            parts = gather_object(parts)
         if not self.main:
             return
-        self.merge(records)
+        self.merge([r for records, _ in parts for r in records])
+        self.answers += sum(answers for _, answers in parts)
         self.steps += 1
         self.training_seconds += step_seconds
         self.credit = min(self.credit + self.budget * step_seconds, self.carry())
@@ -321,12 +327,19 @@ class StrategyArchive(TrainerCallback):
     # --- files: strategies/ for the user, the state for the checkpoint -----------------------------------------
 
     def on_save(self, args, state, control, **kwargs):
-        if self.main:
-            self.write_files(state.global_step)
+        self.write_files_or_say_why(state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
+        self.write_files_or_say_why(state.global_step)
+
+    def write_files_or_say_why(self, step: int) -> None:
+        """The files of the main process; one that cannot be written (a full disk) is an error line, not the end of
+        the run: the checkpoint holds the archive, and the next save writes them again."""
         if self.main:
-            self.write_files(state.global_step)
+            try:
+                self.write_files(step)
+            except OSError as exc:
+                log.error(f"strategy archive: cannot write {self.output_dir / FOLDER}: {exc}")
 
     def write_files(self, step: int) -> Path:
         """<output_dir>/strategies/: the top N as NN-<id>.py, best.py and index.json, in a new folder swapped in by
@@ -345,6 +358,7 @@ class StrategyArchive(TrainerCallback):
             "step": step,
             "board": self.settings.rules() | {"profile": self.settings.profile},
             "held_out_seeds": self.seeds,
+            "answers": self.answers,
             "distinct": sum(e.status != "cheats" for e in self.entries.values()),
             "ranked": sum(e.status == "ranked" for e in self.entries.values()),
             "waiting": len(self.candidates()),
@@ -404,6 +418,7 @@ class StrategyArchive(TrainerCallback):
             "credit": self.credit,
             "training_seconds": self.training_seconds,
             "steps": self.steps,
+            "answers": self.answers,
             "spent_seconds": self.spent_seconds,
             "reported": self.reported["best"],
             "entries": [dataclasses.asdict(e) for e in self.entries.values()],
@@ -429,7 +444,7 @@ class StrategyArchive(TrainerCallback):
             log.warning(f"{path} was played on another board or profile: a new strategy archive starts here")
             return
         self.entries = {e["id"]: Entry(**e) for e in saved["entries"]}
-        self.credit, self.steps = saved["credit"], saved["steps"]
+        self.credit, self.steps, self.answers = saved["credit"], saved["steps"], saved["answers"]
         self.training_seconds, self.spent_seconds = saved["training_seconds"], saved["spent_seconds"]
         self.reported["best"] = saved.get("reported")
         if saved["seeds"] != self.seeds:

@@ -155,7 +155,9 @@ class ScriptArguments:
     )
     archive_budget: float = field(
         default=0.05,
-        metadata={"help": "Share of each step's time that the archive's re-scoring may take (unused time carries on)."},
+        metadata={
+            "help": "Share of each step's time that the archive's re-scoring may take (unused time carries over)."
+        },
     )
 
 

@@ -107,7 +107,7 @@ def archive(tmp_path):
 def test_formatting_and_comments_do_not_make_another_strategy(archive):
     train_step(archive, [fenced(CORNER), fenced(CYCLE), fenced(CORNER_REFORMATTED)], step=1)
     train_step(archive, [fenced(CORNER_REFORMATTED), fenced(CORNER)], step=2)
-    assert len(archive.entries) == 2 and archive.distinct_last_step == 1
+    assert len(archive.entries) == 2 and archive.distinct_last_step == 1 and archive.answers == 5
     corner = entry(archive, CORNER)
     assert corner is entry(archive, CORNER_REFORMATTED)
     assert (corner.first_step, corner.times, corner.train_games) == (1, 4, 4 * SETTINGS.games)

@@ -162,11 +162,12 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(full_run, tmp_pa
             assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), (ours["step"], key)
 
 
-def archive_entries(checkpoint: Path) -> dict:
-    """The archive a checkpoint holds: id -> what a run makes the same (timings left out)."""
+def archive_entries(checkpoint: Path) -> tuple[int, dict]:
+    """The archive a checkpoint holds: the answers it judged, and id -> what a run makes the same (timings and the
+    re-scoring, which follows them, left out)."""
     saved = json.loads((checkpoint / "strategy_archive.json").read_text())
-    return {e["id"]: {k: v for k, v in e.items() if k not in ("train_seconds", "held_out", "status")}
-            for e in saved["entries"]}  # fmt: skip
+    return saved["answers"], {e["id"]: {k: v for k, v in e.items() if k not in ("train_seconds", "held_out", "status")}
+                              for e in saved["entries"]}  # fmt: skip
 
 
 def test_the_archive_is_ranked_seen_in_tensorboard_and_plays_in_the_sandbox(full_run, tmp_path):
@@ -223,7 +224,7 @@ def test_kill_9_then_resume_continues_the_archive(full_run, tmp_path):
     result = train(*SHORT, "--output_dir", str(out), "--resume", "auto")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     ours, theirs = archive_entries(out / "checkpoint-4"), archive_entries(reference / "checkpoint-4")
-    assert ours == theirs and sum(e["times"] for e in ours.values()) > 0
+    assert ours == theirs and ours[0] == 4 * 8 and sum(e["times"] for e in ours[1].values()) > 0
     assert f"resuming from {out / 'checkpoint-2'}" in result.stdout and "strategy archive: continuing" in result.stdout
     assert json.loads((out / "strategies" / "index.json").read_text())["step"] == 4
 
