@@ -135,8 +135,15 @@ def test_held_out_scores_are_what_evaluate_2048_measures(archive):
     assert [e.id for e in archive.ranked()] == [entry(archive, CORNER).id, entry(archive, CYCLE).id]  # corner first
 
 
-def test_a_hostile_strategy_is_in_no_file_and_its_rescoring_meets_the_walls(archive, tmp_path):
+def test_a_hostile_strategy_is_in_no_file_and_its_rescoring_meets_the_walls(archive, tmp_path, monkeypatch):
     marker = tmp_path / "escaped"
+    played, play_answers = [], rewards.play_answers  # the rewards' play: the one way both go to the sandbox
+
+    def watched_play(codes, *args, **kwargs):
+        played.append(codes)
+        return play_answers(codes, *args, **kwargs)
+
+    monkeypatch.setattr(rewards, "play_answers", watched_play)
     # Written during training: the sandbox sees it at once, and the archive keeps it as cheating, without its code.
     train_step(archive, [fenced(CORNER), fenced(hostile(marker))], step=1)
     assert entry(archive, hostile(marker)).status == "cheats" and entry(archive, hostile(marker)).code is None
@@ -148,6 +155,7 @@ def test_a_hostile_strategy_is_in_no_file_and_its_rescoring_meets_the_walls(arch
     archive.end_step(1.0)
     assert entry(archive, sly).status == "cheats" and entry(archive, sly).code is None
     assert not marker.exists()  # it never ran outside the sandbox
+    assert clean(hostile(marker)) in played[0] and played[-1] == [sly]  # for its reward, then for the archive
     assert [e.id for e in archive.ranked()] == [entry(archive, CORNER).id]
     checkpoint = tmp_path / "checkpoint-2"
     checkpoint.mkdir()
