@@ -36,6 +36,7 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import NamedTuple
 
 from transformers import TrainerCallback
 
@@ -67,10 +68,19 @@ def strategy_id(code: str) -> str | None:
     return hashlib.sha256(dump.encode()).hexdigest()[:16]
 
 
-def game_row(result, settings) -> tuple[float, int, bool, int, float]:
-    """What the archive keeps of one game: (reward, points, won, largest tile, seconds)."""
-    won = result.status == "success"
-    return rewards.game_score(result, settings), result.score, won, result.max_tile, result.seconds
+class PlayedGame(NamedTuple):
+    """What the archive keeps of one game a strategy played."""
+
+    reward: float  # the game's score in the run's profile (rewards.game_score)
+    points: int
+    won: bool
+    max_tile: int
+    seconds: float
+
+
+def game_row(result, settings) -> PlayedGame:
+    return PlayedGame(rewards.game_score(result, settings), result.score, result.status == "success", result.max_tile,
+                result.seconds)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -104,11 +114,11 @@ def held_out_stats(games: list) -> dict:
     n = len(games)
     return {
         "games": n,
-        "reward": sum(g[0] for g in games) / n,
-        "score": sum(g[1] for g in games) / n,
-        "win_rate": sum(g[2] for g in games) / n,
-        "max_tile": max(g[3] for g in games),
-        "seconds": sum(g[4] for g in games),
+        "reward": sum(g.reward for g in games) / n,
+        "score": sum(g.points for g in games) / n,
+        "win_rate": sum(g.won for g in games) / n,
+        "max_tile": max(g.max_tile for g in games),
+        "seconds": sum(g.seconds for g in games),
     }
 
 
@@ -188,11 +198,11 @@ class StrategyArchive(TrainerCallback):
             this_step.add(key)
             entry.times += 1
             entry.train_games += len(games)
-            entry.train_reward += sum(g[0] for g in games)
-            entry.train_points += sum(g[1] for g in games)
-            entry.train_wins += sum(g[2] for g in games)
-            entry.train_max_tile = max([entry.train_max_tile, *(g[3] for g in games)])
-            entry.train_seconds += sum(g[4] for g in games)
+            entry.train_reward += sum(g.reward for g in games)
+            entry.train_points += sum(g.points for g in games)
+            entry.train_wins += sum(g.won for g in games)
+            entry.train_max_tile = max([entry.train_max_tile, *(g.max_tile for g in games)])
+            entry.train_seconds += sum(g.seconds for g in games)
         self.distinct_last_step = len(this_step)
 
     # --- the end of a step: merge, then re-score within the budget ---------------------------------------------

@@ -19,6 +19,7 @@ import rewards  # noqa: E402
 import sandbox  # noqa: E402
 import strategies  # noqa: E402
 import strategy_archive  # noqa: E402
+from strategy_archive import PlayedGame  # noqa: E402
 
 
 def median_seconds(work, repeats: int) -> float:
@@ -53,7 +54,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         archive = strategy_archive.StrategyArchive(settings, size=20, seeds=seeds, budget=0.05, output_dir=Path(tmp))
         code = strategies.source("expectimax")  # the longest baseline: ~3 KB
-        rows = [(1.0, 100, False, 64, 0.01)] * settings.games
+        rows = [PlayedGame(1.0, 100, False, 64, 0.01)] * settings.games
         archive.merge([(1 + i // 8, variant(code, i), rows, False) for i in range(args.entries)])
         for e in list(archive.entries.values())[:40]:
             e.status, e.held_out = "ranked", {"games": 4, "reward": 1.0, "score": 100.0, "win_rate": 0.0,

@@ -19,7 +19,7 @@ import evaluation
 import rewards
 import sandbox
 import strategy_archive
-from strategy_archive import StrategyArchive
+from strategy_archive import PlayedGame, StrategyArchive
 
 SETTINGS = rewards.RewardSettings(size=3, target=64, games=2, game_salt="archive-tests")
 SEEDS = [0, 1, 2, 3]
@@ -150,7 +150,7 @@ def test_a_hostile_strategy_is_in_no_file_and_its_rescoring_meets_the_walls(arch
     # Another that played honestly in training (so it is the top candidate) turns on the held-out games: re-scored
     # through the rewards' play, in the sandbox, it is seen there too, and never ranked.
     sly = hostile(marker).replace('"W"', '"A"')
-    archive.merge([(2, sly, [(20.0, 900, True, 64, 0.01)] * 8, False)])
+    archive.merge([(2, sly, [PlayedGame(20.0, 900, True, 64, 0.01)] * 8, False)])
     assert archive.candidates()[0].code == sly
     archive.end_step(1.0)
     assert entry(archive, sly).status == "cheats" and entry(archive, sly).code is None
@@ -178,7 +178,7 @@ def test_rescoring_stays_within_its_budget_with_slow_strategies(tmp_path):
     which the next steps pay back."""
     settings = rewards.RewardSettings(size=3, target=64, games=2, move_time_limit=0.5, game_time_limit=1.0)
     archive = new_archive(tmp_path, settings, budget=0.05)
-    fast_claim, slow_claim = [(15.0, 500, False, 64, 0.001)] * 8, [(15.0, 500, False, 64, 1.0)] * 8
+    fast_claim, slow_claim = [PlayedGame(15.0, 500, False, 64, 0.001)] * 8, [PlayedGame(15.0, 500, False, 64, 1.0)] * 8
     archive.merge([(1, slow(i), fast_claim if i < 6 else slow_claim, False) for i in range(12)])
     step_seconds, took = 0.5, []
     for _ in range(20):
@@ -222,7 +222,7 @@ def test_nothing_in_a_header_ends_its_comment(tmp_path):
     settings = rewards.RewardSettings(size=3, target=64, games=2, keys="\nASD", game_salt="archive-tests")
     archive = new_archive(tmp_path, settings)
     code = clean(CYCLE.replace("WASD", "\\nASD"))
-    archive.merge([(1, code, [(1.0, 10, False, 8, 0.01)] * 2, False)])
+    archive.merge([(1, code, [PlayedGame(1.0, 10, False, 8, 0.01)] * 2, False)])
     archive.end_step(1.0)
     text = (archive.write_files(1) / "best.py").read_text()
     header = text[: text.index(strategy_archive.GUARD)]
@@ -235,7 +235,7 @@ def test_running_a_written_file_runs_none_of_the_models_code(tmp_path):
     stay first); in the sandbox the guard never runs and the strategy plays."""
     code = 'from __future__ import annotations\nX = print("model code ran")\n\n' + clean(CORNER)
     archive = new_archive(tmp_path)
-    archive.merge([(1, code, [(1.0, 10, False, 8, 0.01)] * 2, False)])
+    archive.merge([(1, code, [PlayedGame(1.0, 10, False, 8, 0.01)] * 2, False)])
     archive.end_step(1.0)
     best = archive.write_files(1) / "best.py"
     ran = subprocess.run([sys.executable, str(best)], capture_output=True, text=True, timeout=60)
