@@ -256,6 +256,13 @@ def notebook_game_score(result) -> float:
     return NOTEBOOK_FAILED  # failed, invalid
 
 
+def game_score(result, settings: RewardSettings) -> float:
+    """One game's score in the run's profile: what strategy_succeeds averages over an answer's games."""
+    if settings.profile == "notebook":
+        return notebook_game_score(result)
+    return graded_game_score(result, settings.target)
+
+
 def game_seeds(settings: RewardSettings, salt: str, step: int, call: int) -> list[int]:
     """Seeds for one reward call: shared by every completion of the call (so by every GRPO group), new at every
     step and every call within a step, the same on every process and after a resume (the salt is saved).
@@ -310,21 +317,12 @@ def make_judge(settings: RewardSettings):
 
         analyses = [analyse(c) for c in completions]
         playable = sorted({a.code for a in analyses if a.playable})
-        # Game by game across answers, so an answer that stalls is found out in its first games and not played on.
-        jobs = [(code, seed, settings) for seed in seeds for code in playable]
         failed = False
         try:
-            results = sandbox.play_many(
-                jobs, strict=settings.require_seccomp, groups=[code for code, _, _ in jobs],
-                group_seconds=settings.answer_time_limit,
-            )  # fmt: skip
+            played = play_answers(playable, seeds, settings)
         except Exception as exc:  # the sandbox itself failed: score nothing rather than stop training
             log.error(f"the sandbox failed, this batch is scored as not played: {type(exc).__name__}: {exc}")
-            results, failed = [None] * len(jobs), True
-        played = {code: [] for code in playable}
-        for (code, _, _), result in zip(jobs, results):
-            if result is not None:
-                played[code].append(result)
+            played, failed = {}, True
         verdicts = []
         for a in analyses:
             games = tuple(played.get(a.code, ())) if a.playable else ()
@@ -337,6 +335,24 @@ def make_judge(settings: RewardSettings):
         return verdicts
 
     return judge
+
+
+def play_answers(codes: list[str], seeds: list[int], settings: RewardSettings, seconds: float | None = None) -> dict:
+    """code -> the GameResults of its games on `seeds`, in seed order, played in the sandbox as an answer is played for
+    its reward (the strategy archive re-scores the same way): game by game across the answers, so one that stalls is
+    found out in its first games and not played on; once one of an answer's games timed out, or its games together
+    took answer_time_limit (or `seconds`, when lower), its games not yet started are not played and not in its list.
+    Raises when the sandbox itself fails."""
+    jobs = [(code, seed, settings) for seed in seeds for code in codes]
+    limit = settings.answer_time_limit if seconds is None else min(settings.answer_time_limit, seconds)
+    results = sandbox.play_many(
+        jobs, strict=settings.require_seccomp, groups=[code for code, _, _ in jobs], group_seconds=limit
+    )
+    played = {code: [] for code in codes}
+    for (code, _, _), result in zip(jobs, results):
+        if result is not None:
+            played[code].append(result)
+    return played
 
 
 def batch_metrics(verdicts: list[Verdict], games_each: int, sandbox_failed: bool = False) -> dict[str, float]:
@@ -409,20 +425,17 @@ def make_strategy_succeeds(settings: RewardSettings, judge=None):
             if not v.games or v.cheats:
                 scores.append(0.0)
                 continue
-            if settings.profile == "notebook":
-                per_game = [notebook_game_score(r) for r in v.games]
-            else:
-                per_game = [graded_game_score(r, settings.target) for r in v.games]
+            per_game = [game_score(r, settings) for r in v.games]
             scores.append(sum(per_game) / len(per_game))
         return scores
 
     return strategy_succeeds
 
 
-def reward_functions(settings: RewardSettings) -> list:
+def reward_functions(settings: RewardSettings, judge=None) -> list:
     """[function_works, no_cheating, strategy_succeeds] for TRL's `reward_funcs`, configured by `settings`; the last
-    two share one judge, so each batch is played once."""
-    judge = make_judge(settings)
+    two share one judge (make_judge's, or `judge`, one that wraps it), so each batch is played once."""
+    judge = judge or make_judge(settings)
     return [function_works, make_no_cheating(settings, judge), make_strategy_succeeds(settings, judge)]
 
 

@@ -14,7 +14,8 @@ Every option is a flag (`--max_steps` or `--max-steps`, never abbreviated) and a
 TRL runs the GRPO loop and transformers writes the checkpoints; this file checks the options before anything heavy
 loads, then runs the steps of `train()`: output and logs, the model, an optional warm start, GRPO (trainer.py:
 TRL's GRPOTrainer with our game evaluation every eval_steps), and the verified save. In <output_dir>: training.log,
-metrics.jsonl, runs/ (TensorBoard), checkpoint-N/, final/ (LoRA adapters), final-<save_method>/ (merged).
+metrics.jsonl, runs/ (TensorBoard), checkpoint-N/, strategies/ (the best strategies the model wrote),
+final/ (LoRA adapters), final-<save_method>/ (merged).
 """
 
 from __future__ import annotations
@@ -138,6 +139,26 @@ class ScriptArguments:
     eval_games: int = field(
         default=4, metadata={"help": "Games each evaluated strategy plays on the training board (seeds 0, 1, ...)."}
     )
+    archive_size: int = field(
+        default=20,
+        metadata={
+            "help": "The strategy archive: every distinct playable strategy the model writes is kept, and the best N "
+            "go to <output_dir>/strategies/ (one .py each, best.py, index.json) at every save and at the end. 0: off."
+        },
+    )
+    archive_games: int = field(
+        default=0,
+        metadata={
+            "help": "Held-out games (seeds 0..N-1) that a candidate for the archive's top is re-scored on before it is "
+            "ranked. 0: the evaluation's (--eval_games)."
+        },
+    )
+    archive_budget: float = field(
+        default=0.05,
+        metadata={
+            "help": "Share of each step's time that the archive's re-scoring may take (unused time carries over)."
+        },
+    )
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -244,6 +265,11 @@ def parse_args(argv: list[str]):
     for name in ("eval_samples", "eval_games"):
         if getattr(script_args, name) < 1:
             parser.error(f"argument --{name}: must be >= 1")
+    for name in ("archive_size", "archive_games"):
+        if getattr(script_args, name) < 0:
+            parser.error(f"argument --{name}: must be >= 0")
+    if not 0 < script_args.archive_budget <= 1:
+        parser.error("argument --archive_budget: must be a share of the step's time, above 0 and at most 1")
     if not 0 <= script_args.overlong_penalty < training_args.max_completion_length:
         parser.error("argument --overlong_penalty: must be >= 0 and below --max_completion_length")
     if script_args.truncated == "skip":
@@ -456,9 +482,11 @@ def quiet_console(trainer) -> None:
     trainer.pop_callback(PrinterCallback)
 
 
-def make_trainer(model, tokenizer, settings, script_args, training_args, state, output_dir: Path, reasoning: str):
-    """(trainer, ctrl_c): TRL's GRPOTrainer with our rewards, evaluation, reports and timings (trainer.py), and the
-    callback that Ctrl-C asks for a checkpoint."""
+def make_trainer(model, tokenizer, settings, script_args, training_args, state, output_dir: Path, reasoning: str,
+                 checkpoint: Path | None = None):  # fmt: skip
+    """(trainer, ctrl_c): TRL's GRPOTrainer with our rewards, evaluation, reports, timings and strategy archive
+    (trainer.py, strategy_archive.py; the archive continues the checkpoint's on a resume), and the callback that
+    Ctrl-C asks for a checkpoint."""
     from transformers.integrations import TensorBoardCallback
 
     import trainer as grpo
@@ -471,7 +499,20 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
     latest = {}  # the last batch's completions and scores, for the TensorBoard samples
     times, ctrl_c = grpo.StepTimes(state.device), grpo.CtrlC()
     evaluating = training_args.eval_strategy != "no"
-    funcs = rewards.reward_functions(settings)
+    judge, archive = rewards.make_judge(settings), None
+    if script_args.archive_size:
+        import strategy_archive
+
+        archive = strategy_archive.StrategyArchive(
+            settings, size=script_args.archive_size, budget=script_args.archive_budget, output_dir=output_dir,
+            seeds=[grpo.EVAL_SEED + i for i in range(script_args.archive_games or script_args.eval_games)],
+            main=state.is_main_process, world=state.num_processes, timing=lambda: times.timing("archive"),
+        )  # fmt: skip
+        if checkpoint is not None:
+            archive.load_state(checkpoint)
+        judge = archive.watch(judge)  # every batch's verdicts pass through the archive
+        log.info(archive.describe())
+    funcs = rewards.reward_functions(settings, judge)
     if script_args.overlong_penalty:
         from trl.rewards import get_soft_overlong_punishment
 
@@ -489,12 +530,13 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
         train_dataset=rewards.build_dataset(script_args.dataset_size, settings, reasoning),
         eval_dataset=rewards.build_dataset(script_args.eval_samples, settings, reasoning) if evaluating else None,
         processing_class=tokenizer,
-        callbacks=[grpo.GRPOReport(output_dir), ctrl_c, grpo.GameSalt(settings.game_salt)],
+        callbacks=[grpo.GRPOReport(output_dir), ctrl_c, grpo.GameSalt(settings.game_salt), *filter(None, [archive])],
         settings=settings,
         eval_samples=script_args.eval_samples,
         eval_games=script_args.eval_games,
         times=times,
         generate=generate,
+        archive=archive,
     )
     quiet_console(trainer)
     if generate is not None:
@@ -508,6 +550,8 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
         trainer.remove_callback(TensorBoardCallback)
         trainer.add_callback(TensorBoardCallback(tb_writer=writer))
         trainer.add_callback(grpo.TensorBoardSamples(writer, latest, script_args.sample_steps, script_args.num_samples))
+        if archive is not None:
+            archive.writer = writer
     return trainer, ctrl_c
 
 
@@ -585,7 +629,8 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     if script_args.warm_start and checkpoint is None:
         warm_start(model, tokenizer, prompt, script_args, training_args, state, output_dir)
 
-    trainer, ctrl_c = make_trainer(model, tokenizer, settings, script_args, training_args, state, output_dir, reasoning)
+    trainer, ctrl_c = make_trainer(model, tokenizer, settings, script_args, training_args, state, output_dir, reasoning,
+                                   checkpoint)
     del model  # the trainer holds it; the save step may release it to check a merged copy alone
     if run_grpo(trainer, ctrl_c, checkpoint):
         step = trainer.state.global_step

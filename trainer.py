@@ -1,6 +1,6 @@
-"""The GRPO trainer of train_2048: TRL's GRPOTrainer with our game evaluation, a step-time breakdown and the fast
-generation path, plus callbacks for what TRL does not do (short console lines, metrics.jsonl, warnings,
-TensorBoard samples, Ctrl-C, the game salt in every checkpoint).
+"""The GRPO trainer of train_2048: TRL's GRPOTrainer with our game evaluation, a step-time breakdown, the fast
+generation path and the strategy archive's state in every checkpoint, plus callbacks for what TRL does not do (short
+console lines, metrics.jsonl, warnings, TensorBoard samples, Ctrl-C, the game salt in every checkpoint).
 
 train_2048.py imports this module only after Unsloth when Unsloth is used: Unsloth patches TRL's trainers as it
 is imported, and the class below must subclass the patched one.
@@ -36,15 +36,18 @@ class GameGRPOTrainer(GRPOTrainer):
     any Trainer evaluation, so `eval_strategy`/`eval_steps` mean what they mean in transformers. The model's mode
     and torch's random state are left as they were, so a run with evaluations trains exactly like one without.
 
-    Each training log also gets the step's time split (time/generate_s, time/rewards_s, time/optimizer_s, and the
-    rest: log-probs, loss and backward), on a GPU the peak memory, and generation/fast_path: the share of the step's
-    generations that our decode loop served (1: all of them; 0: TRL's model.generate, by choice or by fallback).
+    Each training log also gets the step's time split (time/generate_s, time/rewards_s, time/optimizer_s,
+    time/archive_s: the strategy archive's re-scoring, and the rest: log-probs, loss and backward), on a GPU the peak
+    memory, and generation/fast_path: the share of the step's generations that our decode loop served (1: all of
+    them; 0: TRL's model.generate, by choice or by fallback).
     """
 
-    def __init__(self, *args, settings, eval_samples: int, eval_games: int, times: StepTimes, generate=None, **kwargs):
+    def __init__(self, *args, settings, eval_samples: int, eval_games: int, times: StepTimes, generate=None,
+                 archive=None, **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
         self.settings, self.eval_samples, self.eval_games = settings, eval_samples, eval_games
         self.fast_generate = generate  # generation.generate, or None for TRL's own path
+        self.archive = archive  # strategy_archive.StrategyArchive, or None
         self.times = times  # also counts the rewards' time (timed_reward)
         self.generations = {"fast": 0, "all": 0}  # since the last training log: generation/fast_path
         self.add_callback(times)
@@ -113,6 +116,15 @@ class GameGRPOTrainer(GRPOTrainer):
         self.control = self.callback_handler.on_evaluate(args, self.state, self.control, metrics)
         return metrics
 
+    # --- the strategy archive in each checkpoint ------------------------------------------------------------
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        # A checkpoint's save starts here, and transformers writes trainer_state.json, which marks it complete, last:
+        # the archive written now is in every checkpoint that --resume auto takes.
+        super().save_model(output_dir, _internal_call)
+        if self.archive is not None and output_dir and Path(output_dir).name == f"checkpoint-{self.state.global_step}":
+            self.archive.save_state(Path(output_dir))
+
     # --- step timings ---------------------------------------------------------------------------------------
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -157,7 +169,7 @@ class StepTimes(TrainerCallback):
     """Wall time of each part of an optimizer step, summed between two logs and reported per step. On a GPU the
     clock is read after a synchronize, so queued kernels count where they run."""
 
-    PARTS = ("generate", "rewards", "optimizer")
+    PARTS = ("generate", "rewards", "optimizer", "archive")
 
     def __init__(self, device):
         self.cuda = device.type == "cuda"

@@ -47,6 +47,8 @@ def test_two_cpu_processes_train_and_save_once(tmp_path):
     assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 2
     files = {p.name for p in checkpoint.iterdir()}
     assert {"adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"} <= files
+    archive = json.loads((checkpoint / "strategy_archive.json").read_text())  # the main process gathers every rank's
+    assert archive["answers"] == 2 * 2 * 8 and (out / "strategies" / "index.json").exists()  # 2 steps, 2 ranks, 8 each
 
     # written by the main process alone: one line per step and per evaluation, one start line, one verified save
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -1,4 +1,5 @@
-"""train_2048 end to end on the CPU with the tiny model: outputs, Ctrl-C and resume, saving, evaluation, learning."""
+"""train_2048 end to end on the CPU with the tiny model: outputs, Ctrl-C, kill -9 and resume, saving, evaluation, the
+strategy archive, learning."""
 
 import json
 import os
@@ -54,14 +55,14 @@ def test_outputs_layout(full_run):
     out, _ = full_run
     names = {p.name for p in out.iterdir()}
     assert {"training.log", "metrics.jsonl", "runs", "checkpoint-2", "checkpoint-4", "final", "tiny-model"} <= names
+    assert "strategies" in names and (out / "strategies" / "index.json").exists()
     assert "final-merged_16bit" in names and not any(n.endswith((".tmp", ".old")) for n in names)
     assert (out / "final" / "adapter_model.safetensors").exists() and (out / "final" / "tokenizer.json").exists()
     assert (out / "final-merged_16bit" / "model.safetensors").exists()
     for step in (2, 4):
         checkpoint = out / f"checkpoint-{step}"
-        assert {"adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"} <= {
-            p.name for p in checkpoint.iterdir()
-        }
+        saved = {"adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "strategy_archive.json"}
+        assert saved <= {p.name for p in checkpoint.iterdir()}
         assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
 
 
@@ -73,8 +74,8 @@ def test_console_and_log_have_a_short_line_per_step(full_run):
     assert "step 4/4  reward " in log and "warm start: SFT" in log
     assert "{'loss'" not in result.stdout  # the Trainer's metric dump is replaced by the short line
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
-    for m in metrics(out):  # the step split: generation, rewards, optimizer, the rest (log-probs and backward)
-        parts = [m[f"time/{p}_s"] for p in ("generate", "rewards", "optimizer", "logprobs_and_backward")]
+    for m in metrics(out):  # the step split: generation, rewards, optimizer, archive, the rest (log-probs, backward)
+        parts = [m[f"time/{p}_s"] for p in ("generate", "rewards", "optimizer", "archive", "logprobs_and_backward")]
         assert all(t >= 0 for t in parts) and m["time/generate_s"] > 0 and m["time/rewards_s"] > 0
         assert sum(parts) == pytest.approx(m["time/step_s"], rel=1e-6)
 
@@ -161,6 +162,73 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(full_run, tmp_pa
             assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), (ours["step"], key)
 
 
+def archive_entries(checkpoint: Path) -> tuple[int, dict]:
+    """The archive a checkpoint holds: the answers it judged, and id -> what a run makes the same (timings and the
+    re-scoring, which follows them, left out)."""
+    saved = json.loads((checkpoint / "strategy_archive.json").read_text())
+    return saved["answers"], {e["id"]: {k: v for k, v in e.items() if k not in ("train_seconds", "held_out", "status")}
+                              for e in saved["entries"]}  # fmt: skip
+
+
+def test_the_archive_is_ranked_seen_in_tensorboard_and_plays_in_the_sandbox(full_run, tmp_path):
+    """strategies/: the ranked strategies with their held-out numbers, the same in index.json, in each file's header
+    and in what evaluate_2048.py measures when it plays best.py in the sandbox (the run's evaluation seeds: 2 games);
+    --watch plays it too. TensorBoard has archive/*, the console a line when the best changed."""
+    out, result = full_run
+    index = json.loads((out / "strategies" / "index.json").read_text())
+    ranked = index["strategies"]
+    assert index["step"] == 4 and index["held_out_seeds"] == [0, 1] and ranked
+    assert [r["held_out"]["reward"] for r in ranked] == sorted((r["held_out"]["reward"] for r in ranked), reverse=True)
+    best = ranked[0]
+    text = (out / "strategies" / "best.py").read_text()
+    assert text == (out / "strategies" / best["file"]).read_text() and best["times_written"] >= 1
+    assert f"mean score {best['held_out']['score']:.1f}, win rate {best['held_out']['win_rate']:.0%}" in text
+    assert "archive at step " in result.stdout and f"new best {best['id']} " in (out / "training.log").read_text()
+    events = tensorboard(out)
+    assert {"archive/best_score", "archive/distinct", "archive/distinct_last_step"} <= set(events.Tags()["scalars"])
+    assert [p.step for p in events.Scalars("archive/distinct")] == [1, 2, 3, 4]
+    assert events.Scalars("archive/distinct")[-1].value == index["distinct"]
+    assert events.Scalars("archive/best_score")[-1].value == best["held_out"]["score"]
+    assert best["id"] in events.Tensors("archive/text_summary")[-1].tensor_proto.string_val[0].decode()
+
+    evaluate = [sys.executable, str(REPO / "evaluate_2048.py"), "--config", DEMO, "--seed", "0", "--games", "2"]
+    played = subprocess.run([*evaluate, "--strategy", str(out / "strategies" / "best.py"), "--no-baselines",
+                             "--output_dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env=ENV)  # fmt: skip
+    assert played.returncode == 0, played.stderr[-3000:]
+    (summary,) = json.loads((tmp_path / "results.json").read_text())["summary"]
+    assert summary["mean_score"] == pytest.approx(best["held_out"]["score"])
+    assert summary["win_rate"] == best["held_out"]["win_rate"] and summary["cheat_rate"] == 0
+    watched = subprocess.run([*evaluate, "--watch", str(out / "strategies" / "best.py")], cwd=REPO,
+                             capture_output=True, text=True, timeout=300, env=ENV)  # fmt: skip
+    assert watched.returncode == 0 and "best.py: " in watched.stdout and " after " in watched.stdout, watched.stderr
+
+
+def test_kill_9_then_resume_continues_the_archive(full_run, tmp_path):
+    """Killed during step 3 (its records held in memory only), resumed from checkpoint-2: the archive at step 4 is the
+    uninterrupted run's, each strategy written as many times, from the same first step, with the same games."""
+    reference, _ = full_run
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train_2048.py"), *SHORT, *SALT, "--output_dir", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV,
+    )  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("step 3/4"):  # step 3 is recorded; checkpoint-2 is the last save
+            proc.kill()
+            break
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and not (out / "checkpoint-4").exists()
+    assert json.loads((out / "strategies" / "index.json").read_text())["step"] == 2  # the last save's copy, whole
+
+    result = train(*SHORT, "--output_dir", str(out), "--resume", "auto")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    ours, theirs = archive_entries(out / "checkpoint-4"), archive_entries(reference / "checkpoint-4")
+    assert ours == theirs and ours[0] == 4 * 8 and sum(e["times"] for e in ours[1].values()) > 0
+    assert f"resuming from {out / 'checkpoint-2'}" in result.stdout and "strategy archive: continuing" in result.stdout
+    assert json.loads((out / "strategies" / "index.json").read_text())["step"] == 4
+
+
 def test_warnings_for_no_learning_signal_and_clipped_completions(tmp_path):
     out = tmp_path / "out"
     args = ["--config", DEMO, "--max_steps", "1", "--sft_epochs", "1", "--max_completion_length", "2"]
@@ -209,6 +277,23 @@ def test_cpu_demo_learns_to_read_the_board(tmp_path):
     print(f"cpu demo: first 10 steps {first:.2f}, last 10 steps {last:.2f}; final answers {dict(kinds)}")
     assert last >= first + 4.0, (first, last)
     assert kinds["corner"] >= 16 and kinds["corner"] > 4 * kinds["cycle"], kinds
+
+    # Its archive: the best strategy it wrote is the corner player, with the rewards it measured: 4 games for each time
+    # it was written, and on the 4 held-out games what evaluate_2048.py measures when it plays the file.
+    index = json.loads((out / "strategies" / "index.json").read_text())
+    best = index["strategies"][0]
+    code = (out / "strategies" / "best.py").read_text()
+    print(f"cpu demo archive: {index['distinct']} distinct, best {best}")
+    assert answer_kind(f"```python\n{code}```") == "corner", code
+    assert best["training"]["games"] == 4 * best["times_written"] and best["times_written"] >= 10
+    assert index["rescoring"]["seconds"] <= 0.05 * index["rescoring"]["training_seconds"] + 2.0  # + one game's limit
+    tmp = tmp_path / "eval"
+    args = ["--config", DEMO, "--strategy", out / "strategies" / "best.py", "--games", 4, "--seed", 0, "--no-baselines"]
+    r = subprocess.run([sys.executable, str(REPO / "evaluate_2048.py"), *map(str, args), "--output_dir", str(tmp)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env=ENV)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    (summary,) = json.loads((tmp / "results.json").read_text())["summary"]
+    assert summary["mean_score"] == pytest.approx(best["held_out"]["score"]) and summary["games"] == 4
 
 
 def test_fast_generation_samples_what_model_generate_samples(full_run, tmp_path):

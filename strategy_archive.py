@@ -1,0 +1,510 @@
+"""The strategy archive: the strategies the model wrote during a run, kept, re-scored fairly, ranked and playable.
+
+The rewards play every answer and keep only its score; the archive keeps the strategies. Every distinct playable
+strategy the rewards played (distinct by its syntax tree: formatting and comments do not count) is kept on the trusted
+side with the step it first appeared at, how many times it was written, and its scores on the games it played for its
+reward. A rank must not hang on the luck of one step's games: a candidate for the top is re-scored on fixed held-out
+games (the evaluation's seeds, or --archive_games) before it is ranked, through the rewards' own play
+(rewards.play_answers: the same sandbox, the same walls, the same game score), within a share of the training time
+(--archive_budget). The top N (--archive_size) go to <output_dir>/strategies/ at every save and at the end: one .py
+each with a header of ours, index.json and best.py, swapped in whole. Each checkpoint holds the whole archive
+(strategy_archive.json, written before transformers marks the checkpoint complete), so --resume continues it.
+
+A strategy's code is untrusted data here: parsed to tell strategies apart (rewards.analyse has parsed it already),
+never compiled or run outside the sandbox. What we write around it is comments, a guard that stops `python best.py`
+before any of it runs, and numbers; none of the model's text goes into a line of ours.
+
+Wiring (train_2048.py): `watch(judge)` wraps the rewards' judge, so every batch's verdicts pass through `record`; as a
+TrainerCallback the archive closes each step (every process's records merged on the main one, candidates re-scored),
+reports at each log (TensorBoard archive/*, a text panel, a console line when the best changes) and writes the files
+at each save and at the end; trainer.py's save_model puts its state into each checkpoint.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import shlex
+import shutil
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import NamedTuple
+
+from transformers import TrainerCallback
+
+import rewards
+import sandbox
+
+log = logging.getLogger("train_2048")
+
+STATE_FILE = "strategy_archive.json"  # in each checkpoint-N: the whole archive, as JSON (never pickled)
+FOLDER = "strategies"  # in output_dir: a link to the latest complete copy, .strategies-<step>-<random>/
+CARRY_STEPS = 10  # unused re-scoring time carries over, up to this many steps' worth
+CHILD_SECONDS = 0.01  # a sandboxed game's cost beyond its own time (a fork and a referee; docs/PERF.md: 5-7 ms)
+PANEL_ROWS = 5  # strategies in the TensorBoard text panel
+GUARD = (
+    'if __name__ == "__main__":  # written by train_2048: a model wrote this code; it runs in the sandbox only\n'
+    '    raise SystemExit("untrusted code written by a model: play it with evaluate_2048.py --strategy or --watch")\n'
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def strategy_id(code: str) -> str | None:
+    """A strategy's identity: a digest of its syntax tree, so that formatting and comments do not count; None when it
+    cannot be kept (it does not parse here, nests too deep to walk, or is no text a file can hold)."""
+    try:
+        code.encode("utf-8")
+        dump = ast.dump(ast.parse(code))
+    except (UnicodeEncodeError, SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return None
+    return hashlib.sha256(dump.encode()).hexdigest()[:16]
+
+
+class PlayedGame(NamedTuple):
+    """What the archive keeps of one game a strategy played."""
+
+    reward: float  # the game's score in the run's profile (rewards.game_score)
+    points: int
+    won: bool
+    max_tile: int
+    seconds: float
+
+
+def game_row(result, settings) -> PlayedGame:
+    return PlayedGame(rewards.game_score(result, settings), result.score, result.status == "success", result.max_tile,
+                result.seconds)  # fmt: skip
+
+
+@dataclasses.dataclass
+class Entry:
+    """One distinct strategy and what is known of its play."""
+
+    id: str
+    code: str | None  # as first written; None once it was seen cheating (no file, no checkpoint holds it)
+    first_step: int
+    times: int = 0  # times written (each completion that held it)
+    train_games: int = 0  # games played for its rewards, all steps together
+    train_reward: float = 0.0  # sums over those games: the game score of the run's profile, points, wins
+    train_points: int = 0
+    train_wins: int = 0
+    train_max_tile: int = 0
+    train_seconds: float = 0.0
+    status: str = "seen"  # seen | ranked (re-scored on every held-out game) | too_slow | cheats
+    held_out: dict | None = None  # once ranked: games, reward, score, win_rate, max_tile (means over the games)
+
+    @property
+    def train_mean(self) -> float:
+        return self.train_reward / self.train_games if self.train_games else -math.inf
+
+    def rank_key(self) -> tuple:
+        """Best first: held-out reward, then points; the earlier strategy first among equals."""
+        return (-self.held_out["reward"], -self.held_out["score"], self.first_step, self.id)
+
+
+def held_out_stats(games: list) -> dict:
+    """Means over the held-out games of what game_row keeps."""
+    n = len(games)
+    return {
+        "games": n,
+        "reward": sum(g.reward for g in games) / n,
+        "score": sum(g.points for g in games) / n,
+        "win_rate": sum(g.won for g in games) / n,
+        "max_tile": max(g.max_tile for g in games),
+        "seconds": sum(g.seconds for g in games),
+    }
+
+
+class StrategyArchive(TrainerCallback):
+    """The archive of one run (its state lives on the main process; the others only forward what they played).
+
+    settings: the run's rewards.RewardSettings. size: how many go to the files. seeds: the held-out games. budget: the
+    share of each step's time that re-scoring may take. timing: a context manager factory that counts the re-scoring
+    in the step's time split (trainer.StepTimes.timing). writer: TensorBoard's SummaryWriter, or None.
+    """
+
+    def __init__(self, settings, *, size: int, seeds: list[int], budget: float, output_dir: Path, main: bool = True,
+                 world: int = 1, timing=None, writer=None):  # fmt: skip
+        self.settings, self.size, self.seeds, self.budget = settings, size, list(seeds), budget
+        self.output_dir, self.main, self.world = Path(output_dir), main, world
+        self.timing = timing or (lambda: nullcontext())
+        self.writer = writer
+        self.entries: dict[str, Entry] = {}
+        self.records: list = []  # this process's (step, code, games, cheats) since the step began
+        self.answers_this_step = 0  # this process's answers judged since the step began, playable or not
+        self.answers = 0  # every process's, all steps together
+        self.seen_verdicts = None  # the verdict list recorded last: both game rewards get the same one per batch
+        self.credit = 0.0  # seconds of re-scoring the run may still spend (negative after an overrun)
+        self.training_seconds = 0.0  # every step's time, re-scoring left out
+        self.steps = 0
+        self.spent_seconds = 0.0  # re-scoring, all steps together
+        self.distinct_last_step = 0
+        self.step_started = None
+        self.reported = {"best": None, "panel": None}  # what the console line and the text panel last showed
+
+    def describe(self) -> str:
+        """The log line that states what the archive does and its budget."""
+        seeds = f"seeds {self.seeds[0]}-{self.seeds[-1]}" if len(self.seeds) > 1 else f"seed {self.seeds[0]}"
+        return (
+            f"strategy archive: every distinct playable strategy kept; a candidate for the top {self.size} is "
+            f"re-scored on {len(self.seeds)} held-out games ({seeds}) within {self.budget:.0%} of each step's time "
+            f"(unused time carries over up to {CARRY_STEPS} steps' worth; an overrun, at most one game's time limit, "
+            f"is paid back from the next steps'); {self.output_dir / FOLDER}/ is written at every save and at the end"
+        )
+
+    # --- recording: the rewards' verdicts -----------------------------------------------------------------------
+
+    def watch(self, judge):
+        """`judge` (rewards.make_judge's) that also records each batch's verdicts, once per batch."""
+
+        def watched(completions, trainer_state=None, log_metric=None):
+            verdicts = judge(completions, trainer_state, log_metric)
+            if verdicts is not self.seen_verdicts:
+                self.seen_verdicts = verdicts
+                self.answers_this_step += len(verdicts)
+                self.record(verdicts, (getattr(trainer_state, "global_step", 0) or 0) + 1)
+            return verdicts
+
+        return watched
+
+    def record(self, verdicts, step: int) -> None:
+        """Keep what was played of each playable answer: its code and its games (the judge's GameResults); a
+        strategy the sandbox caught cheating is kept as cheating, with no games."""
+        for v in verdicts:
+            if v.analysis.playable and (v.games or v.violation):
+                games = [] if v.cheats else [game_row(g, self.settings) for g in v.games]
+                self.records.append((step, v.analysis.code, games, v.cheats))
+
+    def merge(self, records) -> None:
+        """Fold (step, code, games, cheats) records into the entries, in order."""
+        this_step = set()
+        for step, code, games, cheats in records:
+            key = strategy_id(code)
+            if key is None:
+                continue
+            entry = self.entries.get(key)
+            if entry is None:
+                entry = self.entries[key] = Entry(key, code, step)
+            if cheats or entry.status == "cheats":
+                mark_cheating(entry)
+                continue
+            this_step.add(key)
+            entry.times += 1
+            entry.train_games += len(games)
+            entry.train_reward += sum(g.reward for g in games)
+            entry.train_points += sum(g.points for g in games)
+            entry.train_wins += sum(g.won for g in games)
+            entry.train_max_tile = max([entry.train_max_tile, *(g.max_tile for g in games)])
+            entry.train_seconds += sum(g.seconds for g in games)
+        self.distinct_last_step = len(this_step)
+
+    # --- the end of a step: merge, then re-score within the budget ---------------------------------------------
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step_started = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        took = time.monotonic() - self.step_started if self.step_started is not None else 0.0
+        with self.timing():
+            self.end_step(took)
+
+    def end_step(self, step_seconds: float) -> None:
+        """Merge every process's records of the step, earn this step's re-scoring time, spend what fits."""
+        parts = [(self.records, self.answers_this_step)]
+        self.records, self.answers_this_step = [], 0
+        if self.world > 1:  # every process calls this at the end of every step
+            from accelerate.utils import gather_object
+
+            parts = gather_object(parts)
+        if not self.main:
+            return
+        self.merge([r for records, _ in parts for r in records])
+        self.answers += sum(answers for _, answers in parts)
+        self.steps += 1
+        self.training_seconds += step_seconds
+        self.credit = min(self.credit + self.budget * step_seconds, self.carry())
+        self.rescore()
+
+    def carry(self) -> float:
+        """The most re-scoring time that may be saved up: CARRY_STEPS steps' share of the mean step."""
+        return CARRY_STEPS * self.budget * self.training_seconds / max(self.steps, 1)
+
+    def ranked(self) -> list[Entry]:
+        return sorted((e for e in self.entries.values() if e.status == "ranked"), key=Entry.rank_key)
+
+    def candidates(self) -> list[Entry]:
+        """Strategies not yet re-scored whose training games put them above the top's last: best first."""
+        top = self.ranked()[: self.size]
+        bar = top[-1].held_out["reward"] if len(top) >= self.size else -math.inf
+        waiting = [e for e in self.entries.values() if e.status == "seen" and e.train_games and e.train_mean > bar]
+        return sorted(waiting, key=lambda e: (-e.train_mean, e.first_step, e.id))
+
+    def rescore(self) -> float:
+        """Re-score the candidates, best first, while what their training games took fits the credit; returns the
+        seconds spent. One whose predicted cost exceeds what may ever be saved up is too slow to re-score."""
+        workers = len(os.sched_getaffinity(0))
+        chosen, cost, slowest, full = [], 0.0, 0.0, False
+        for entry in self.candidates():
+            per_game = entry.train_seconds / entry.train_games + CHILD_SECONDS
+            need = per_game * len(self.seeds)  # seconds of games; they run `workers` at a time
+            if max(need / workers, per_game) > self.carry():
+                entry.status = "too_slow"
+            elif not full and max((cost + need) / workers, per_game, slowest) <= self.credit:
+                chosen.append(entry)
+                cost, slowest = cost + need, max(slowest, per_game)
+            else:
+                full = True  # the rest wait for their turn: none jumps the queue
+        if not chosen:
+            return 0.0
+        started = time.monotonic()
+        try:
+            played = rewards.play_answers([e.code for e in chosen], self.seeds, self.settings,
+                                          seconds=max(self.credit, 0.0) * workers)  # fmt: skip
+        except Exception as exc:  # the sandbox failed: they stay candidates
+            log.error(f"strategy archive: the sandbox failed, nothing re-scored: {type(exc).__name__}: {exc}")
+            played = None
+        spent = time.monotonic() - started
+        self.credit -= spent
+        self.spent_seconds += spent
+        for entry in chosen if played is not None else []:
+            games = played[entry.code]
+            if any(g.status == "violation" for g in games):
+                mark_cheating(entry)
+            elif len(games) < len(self.seeds):  # its games ran over what it may take: the rest were not started
+                entry.status = "too_slow"
+            else:
+                entry.status, entry.held_out = "ranked", held_out_stats([game_row(g, self.settings) for g in games])
+        return spent
+
+    # --- reporting ----------------------------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        """TensorBoard's archive/* numbers."""
+        out = {
+            "archive/distinct": sum(e.status != "cheats" for e in self.entries.values()),
+            "archive/distinct_last_step": self.distinct_last_step,
+            "archive/ranked": sum(e.status == "ranked" for e in self.entries.values()),
+            "archive/rescoring_share": self.spent_seconds / self.training_seconds if self.training_seconds else 0.0,
+        }
+        ranked = self.ranked()
+        if ranked:
+            out["archive/best_score"] = ranked[0].held_out["score"]
+            out["archive/best_reward"] = ranked[0].held_out["reward"]
+        return out
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.main and logs and "loss" in logs:  # a training log
+            self.report(state.global_step)
+
+    def report(self, step: int) -> None:
+        """TensorBoard's archive/* scalars and, when the top changed, its text panel; a console line when the best
+        changed."""
+        from trainer import say
+
+        top = self.ranked()[: self.size]
+        if self.writer is not None:
+            for name, value in self.metrics().items():
+                self.writer.add_scalar(name, value, step)
+            panel = [(e.id, e.held_out["reward"]) for e in top[:PANEL_ROWS]]
+            if top and panel != self.reported["panel"]:
+                self.reported["panel"] = panel
+                self.writer.add_text("archive", self.panel(top[:PANEL_ROWS]), step)
+            self.writer.flush()
+        if top and top[0].id != self.reported["best"]:
+            self.reported["best"] = top[0].id
+            say(f"archive at step {step}: new best {describe_entry(top[0], len(self.seeds))}; "
+                f"{sum(e.status != 'cheats' for e in self.entries.values())} distinct so far, "
+                f"{self.distinct_last_step} in this step")  # fmt: skip
+
+    def panel(self, top: list[Entry]) -> str:
+        """The text panel: the best strategies and their scores, then the best one's code (indented: it may hold
+        fences)."""
+        rows = ["| rank | id | first step | written | held-out reward | score | win | tile |", "|---" * 8 + "|"]
+        for rank, e in enumerate(top, 1):
+            h = e.held_out
+            rows.append(f"| {rank} | {e.id} | {e.first_step} | {e.times} | {h['reward']:.2f} | {h['score']:.0f} | "
+                        f"{h['win_rate']:.0%} | {h['max_tile']} |")  # fmt: skip
+        code = "\n".join("    " + line for line in top[0].code.splitlines())
+        return "\n".join(rows) + f"\n\nbest ({top[0].id}):\n\n{code}"
+
+    # --- files: strategies/ for the user, the state for the checkpoint -----------------------------------------
+
+    def on_save(self, args, state, control, **kwargs):
+        self.write_files_or_say_why(state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.write_files_or_say_why(state.global_step)
+
+    def write_files_or_say_why(self, step: int) -> None:
+        """The files of the main process; one that cannot be written (a full disk) is an error line, not the end of
+        the run: the checkpoint holds the archive, and the next save writes them again."""
+        if self.main:
+            try:
+                self.write_files(step)
+            except OSError as exc:
+                log.error(f"strategy archive: cannot write {self.output_dir / FOLDER}: {exc}")
+
+    def write_files(self, step: int) -> Path:
+        """<output_dir>/strategies/: the top N as NN-<id>.py, best.py and index.json, in a new folder swapped in by
+        one rename of a link, so a reader (or a crash) sees the previous copy whole or this one whole."""
+        top = self.ranked()[: self.size]
+        folder = Path(tempfile.mkdtemp(prefix=f".{FOLDER}-{step}-", dir=self.output_dir))
+        folder.chmod(0o755)  # as readable as the run's other outputs (mkdtemp makes it the owner's alone)
+        rows = []
+        for rank, entry in enumerate(top, 1):
+            name = f"{rank:02d}-{entry.id}.py"
+            (folder / name).write_text(self.strategy_file(entry, rank, step), encoding="utf-8")
+            rows.append({"rank": rank, "file": name, **self.entry_json(entry)})
+        if top:
+            shutil.copyfile(folder / rows[0]["file"], folder / "best.py")
+        index = {
+            "step": step,
+            "board": self.settings.rules() | {"profile": self.settings.profile},
+            "held_out_seeds": self.seeds,
+            "answers": self.answers,
+            "distinct": sum(e.status != "cheats" for e in self.entries.values()),
+            "ranked": sum(e.status == "ranked" for e in self.entries.values()),
+            "waiting": len(self.candidates()),
+            "too_slow": sum(e.status == "too_slow" for e in self.entries.values()),
+            "rescoring": {"budget_share": self.budget, "seconds": self.spent_seconds,
+                          "training_seconds": self.training_seconds},  # fmt: skip
+            "strategies": rows,
+        }
+        (folder / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+        link = self.output_dir / FOLDER
+        tmp_link = self.output_dir / f".{FOLDER}.link-{os.getpid()}"
+        tmp_link.unlink(missing_ok=True)
+        os.symlink(folder.name, tmp_link)
+        try:
+            os.replace(tmp_link, link)
+        except OSError as exc:  # `strategies` is a folder of the user's own: leave it alone
+            tmp_link.unlink(missing_ok=True)
+            log.warning(f"strategy archive: cannot replace {link} ({exc.strerror}); this copy is in {folder}")
+            return folder
+        for old in self.output_dir.glob(f".{FOLDER}-*"):  # earlier copies, and any a crash left
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+        return folder
+
+    def entry_json(self, entry: Entry) -> dict:
+        n = max(entry.train_games, 1)
+        train = {"games": entry.train_games, "reward": entry.train_reward / n, "score": entry.train_points / n,
+                 "win_rate": entry.train_wins / n, "max_tile": entry.train_max_tile}  # fmt: skip
+        return {"id": entry.id, "first_step": entry.first_step, "times_written": entry.times,
+                "held_out": entry.held_out, "training": train}  # fmt: skip
+
+    def strategy_file(self, entry: Entry, rank: int, step: int) -> str:
+        """A ranked strategy as a file: our header (comments: numbers and our words only), the guard, its code."""
+        s, h = self.settings, entry.held_out
+        train = self.entry_json(entry)["training"]
+        command = ["python evaluate_2048.py --strategy <this file>", board_flags(s), f"--games {len(self.seeds)}",
+                   f"--seed {self.seeds[0]}   (or --watch <this file>)"]  # fmt: skip
+        header = [
+            f"train_2048 strategy archive, rank {rank} at step {step}: written by the model during training",
+            "Untrusted code: play it in the sandbox, never import or run it yourself:",
+            "  " + " ".join(part for part in command if part),
+            f"first written at step {entry.first_step}; written {times(entry.times)}",
+            f"held-out games: {h['games']} (seeds {self.seeds[0]}-{self.seeds[-1]}, {s.size}x{s.size} board to "
+            f"{s.target}): mean reward {h['reward']:.2f}, mean score {h['score']:.1f}, win rate {h['win_rate']:.0%}, "
+            f"largest tile {h['max_tile']}",
+            f"training games: {train['games']}: mean reward {train['reward']:.2f}, mean score {train['score']:.1f}, "
+            f"win rate {train['win_rate']:.0%}, largest tile {train['max_tile']}",
+            f"id {entry.id} (a digest of its syntax tree: formatting and comments do not count)",
+        ]
+        return guarded(entry.code, "".join(comment(line) for line in header))
+
+    def state(self) -> dict:
+        return {
+            "format": 1,
+            "board": self.settings.rules() | {"profile": self.settings.profile},
+            "seeds": self.seeds,
+            "credit": self.credit,
+            "training_seconds": self.training_seconds,
+            "steps": self.steps,
+            "answers": self.answers,
+            "spent_seconds": self.spent_seconds,
+            "reported": self.reported["best"],
+            "entries": [dataclasses.asdict(e) for e in self.entries.values()],
+        }
+
+    def save_state(self, checkpoint: Path) -> None:
+        """The whole archive into a checkpoint folder (the main process's; call it before trainer_state.json)."""
+        if self.main:
+            tmp = checkpoint / f".{STATE_FILE}.tmp"
+            tmp.write_text(json.dumps(self.state()))
+            os.replace(tmp, checkpoint / STATE_FILE)
+
+    def load_state(self, checkpoint: Path) -> None:
+        """Continue the archive a checkpoint holds; a checkpoint without one (or of another board) starts a new one.
+        Held-out scores on other seeds than this run's are dropped: those strategies are re-scored."""
+        path = checkpoint / STATE_FILE
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning(f"{checkpoint} holds no strategy archive ({type(exc).__name__}): a new one starts here")
+            return
+        if saved.get("board") != self.settings.rules() | {"profile": self.settings.profile}:
+            log.warning(f"{path} was played on another board or profile: a new strategy archive starts here")
+            return
+        self.entries = {e["id"]: Entry(**e) for e in saved["entries"]}
+        self.credit, self.steps, self.answers = saved["credit"], saved["steps"], saved["answers"]
+        self.training_seconds, self.spent_seconds = saved["training_seconds"], saved["spent_seconds"]
+        self.reported["best"] = saved.get("reported")
+        if saved["seeds"] != self.seeds:
+            log.warning(f"{path} re-scored on other held-out games: its ranked strategies are re-scored again")
+            for entry in self.entries.values():
+                if entry.status in ("ranked", "too_slow"):
+                    entry.status, entry.held_out = "seen", None
+        log.info(f"strategy archive: continuing {checkpoint}'s, {len(self.entries)} distinct strategies")
+
+
+def mark_cheating(entry: Entry) -> None:
+    """Seen cheating (at run time): never ranked, and its code is kept nowhere."""
+    entry.status, entry.code, entry.held_out = "cheats", None, None
+
+
+def describe_entry(entry: Entry, games: int) -> str:
+    h = entry.held_out
+    return (
+        f"{entry.id} (first written at step {entry.first_step}, {times(entry.times)}): held-out reward "
+        f"{h['reward']:.2f}, score {h['score']:.0f}, win {h['win_rate']:.0%}, tile {h['max_tile']} over {games} games"
+    )
+
+
+def comment(text: str) -> str:
+    """One comment line: any character that is not printable (a line break of any kind, a control character) is
+    written as its escape, so that nothing in it can end the comment."""
+    return "# " + "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text) + "\n"
+
+
+def times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
+
+
+def board_flags(settings) -> str:
+    """evaluate_2048.py's flags for the run's game where it differs from the default one (sandbox.Game's)."""
+    default = sandbox.Game()
+    names = ("size", "target", "probability_fours", "keys", "max_moves")
+    changed = [n for n in names if getattr(settings, n) != getattr(default, n)]
+    return " ".join(f"--{n} {shlex.quote(str(getattr(settings, n)))}" for n in changed)
+
+
+def guarded(code: str, header: str) -> str:
+    """Our header, then the model's code with GUARD before its first statement that is not its docstring or a
+    `from __future__` import (those must come first), so `python file.py` stops before any of it runs; the sandbox
+    loads the module under another name and never runs the guard."""
+    lines = code.split("\n")
+    cut = 0
+    for i, node in enumerate(ast.parse(code).body):
+        docstring = i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if not (docstring or isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+            break
+        cut = node.end_lineno
+    return header + "\n".join([*lines[:cut], GUARD, *lines[cut:]]).rstrip("\n") + "\n"
