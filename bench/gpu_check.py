@@ -23,6 +23,11 @@ request).
     python bench/gpu_check.py --geometry 20b --workdir /dev/shm/w --build_only   # the model alone, for later runs
 
 Random weights rarely emit EOS, so every completion runs to max_completion_length: the worst case for step time.
+They also give every completion the same reward, so training leaves LoRA B at zero and a merged save's check has
+nothing to judge: unless --model or --adapters fresh, every LoRA B is drawn at random before training
+(move_adapters), and the merged rows say whether the merge kept the adapters' effect. The split 4-bit layout is built
+by the code the tests' Unsloth tier builds its checkpoint with (quantize_split, there on the CPU), and trains through
+Unsloth's own loader as there; merged_16bit on it is refused at startup (Unsloth merges into 16-bit weights only).
 The full 20B geometry takes 42 GB on disk (--workdir; /dev/shm is fastest) and a merged_16bit save 42 GB more; its split
 4-bit copy ~12 GB more, written through a 16-bit split copy in --scratch (default: the workdir), removed after.
 Exit status: 0 when the run and every save check passed, 1 otherwise, 2 on bad arguments or without a GPU.
@@ -308,6 +313,8 @@ def summarise(out: Path, skip: int) -> dict:
         result[key] = statistics.median(values) if values else None
     served = [m["generation/fast_path"] for m in steps if "generation/fast_path" in m]
     result["fast_path_share"] = statistics.fmean(served) if served else None  # 1.0: every step, the fast path
+    compiled = [m["generation/compiled"] for m in steps if "generation/compiled" in m]
+    result["compiled_share"] = statistics.fmean(compiled) if compiled else None  # 1.0: its decode steps compiled
     memory = [m["gpu/peak_memory_gb"] for m in steps if "gpu/peak_memory_gb" in m]
     result["peak_memory_gb"] = max(memory) if memory else None
     result["reward_mean"] = statistics.fmean(m["reward"] for m in steps) if steps else None
