@@ -646,8 +646,8 @@ def verify_merged(folder: Path, reference: dict) -> bool:
         log.info(f"verified {folder}: every tensor loads in a fresh process, and it is the trained model: {numbers}")
         return True
     if share + 2 * error < MERGED_KEPT[0]:
-        why = ("it lost part of the adapters' effect (a 16-bit weight also drops a LoRA change below half its last "
-               "digit: adapters this small do not survive a 16-bit merge)")  # fmt: skip
+        why = ("it lost part of the adapters' effect (a LoRA left out, or LoRA changes below a 16-bit weight's last "
+               "digit, which rounding erases)")  # fmt: skip
     elif share - 2 * error > MERGED_KEPT[1]:
         why = "it adds more than the adapters' effect"
     else:
