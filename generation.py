@@ -47,6 +47,7 @@ cudagraphs|eager|aot_eager (auto: reduce-overhead on CUDA, none elsewhere); FAST
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -65,6 +66,7 @@ CACHE_ROUNDING = 256  # cache length granularity: fewer shapes, fewer recompiles
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _WARNED: set[str] = set()
 _LAST_PATH = ""  # last_path()
+_LAST_COMPILED = False  # last_step_compiled()
 
 
 @dataclass
@@ -111,6 +113,7 @@ class _Plan:
     checked: bool = False
     compiled: object = None
     compile_failed: bool = False
+    traced: list = field(default_factory=lambda: [False])  # set from inside the step while Dynamo runs it
     cache: _Cache | None = None
 
 
@@ -128,8 +131,8 @@ def generate(model, input_ids, attention_mask=None, generation_config=None) -> t
     def fallback():
         return model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config)
 
-    global _LAST_PATH
-    _LAST_PATH = "model.generate"
+    global _LAST_PATH, _LAST_COMPILED
+    _LAST_PATH, _LAST_COMPILED = "model.generate", False
     if os.environ.get("FAST_GENERATE", "1") == "0":
         return fallback()
     try:
@@ -147,13 +150,19 @@ def generate(model, input_ids, attention_mask=None, generation_config=None) -> t
         _warn_once("fallback", f"fast generation failed ({_reason(error)}); using model.generate from now on")
         log.debug("fast generation failed", exc_info=True)
         return fallback()
-    _LAST_PATH = "fast"
+    _LAST_PATH, _LAST_COMPILED = "fast", plan.compiled is not None and plan.traced[0]
     return out
 
 
 def last_path() -> str:
     """Which path served this process's latest `generate` call: "fast", or "model.generate" (a fallback)."""
     return _LAST_PATH
+
+
+def last_step_compiled() -> bool:
+    """Whether the latest `generate` call's decode steps ran as compiled code: Dynamo traced them, which a
+    torch.compile under TORCHDYNAMO_DISABLE=1 or a force_eager stance never does (it runs the step as written)."""
+    return _LAST_COMPILED
 
 
 def prepare(model) -> bool:
@@ -173,7 +182,7 @@ def describe(model) -> str:
         return "not prepared"
     if isinstance(plan, str):
         return f"model.generate ({plan})"
-    compiled = "compiled" if plan.compiled is not None else "eager"
+    compiled = "compiled" if plan.compiled is not None and plan.traced[0] else "eager"
     return f"fast ({plan.experts_kernel} experts, compile={plan.compile_mode}, step {compiled})"
 
 
@@ -586,7 +595,8 @@ def _run_step(plan: _Plan, hidden, positions, column, cache: _Cache):
         try:
             if plan.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()  # the previous step's logits are consumed
-            return plan.compiled(*args)
+            with _unsloth_decode():
+                return plan.compiled(*args)
         except Exception as error:  # noqa: BLE001 - a compile failure must not cost the generation
             plan.compiled = None
             plan.compile_failed = True
@@ -595,11 +605,25 @@ def _run_step(plan: _Plan, hidden, positions, column, cache: _Cache):
     return _decode_step(plan, *args)  # index_copy_ at the same column makes a retry harmless
 
 
+def _unsloth_decode():
+    """Unsloth's decode flag, raised while our step runs (unsloth_zoo/temporary_patches/utils.py,
+    unsloth_decode_compile): Unsloth wraps modules of the models it loads, GPT-OSS's MLP among them, in
+    torch_compiler_disable_unless_decode, which keeps Dynamo out of them unless that flag is up, so a full graph of
+    our step would stop there ("Skip inlining torch.compiler.disable()d function"). Nothing without Unsloth."""
+    patches = sys.modules.get("unsloth_zoo.temporary_patches.utils")
+    scope = getattr(patches, "unsloth_decode_compile", None)
+    return scope() if scope is not None else contextlib.nullcontext()
+
+
 def _compile(plan: _Plan, mode: str):
     """fullgraph: a graph break would cut the CUDA graph, so it is an error here. dynamic=False: a new batch size
-    or cache capacity compiles anew (few: the cache only grows)."""
+    or cache capacity compiles anew (few: the cache only grows). The step notes, while Dynamo runs it, that it
+    was traced: describe() and last_step_compiled() say "compiled" only then."""
+    traced = plan.traced
 
     def step(hidden, positions, column, valid, keys, values):
+        if torch.compiler.is_compiling():
+            traced[0] = True
         return _decode_step(plan, hidden, positions, column, valid, keys, values)
 
     if mode in ("cudagraphs", "eager", "aot_eager", "inductor"):
@@ -674,18 +698,24 @@ def _lora_factors(wrappers, name: str):
     return factors
 
 
+def _lora(rows, lhs, rhs, scale):
+    """scale * rows @ lhs @ rhs in the factors' dtype (PEFT keeps LoRA weights in float32 beside 16-bit bases)."""
+    return scale * torch.bmm(torch.bmm(rows.to(lhs.dtype), lhs), rhs)
+
+
 def _experts_dense(experts, wrappers, x, chosen, weights):
     """Every expert on every row (one bmm per projection), then each row's top-k outputs, weighted. Reads all the
-    experts' weights, as `grouped` does once a batch hits them all; fixed shapes, any dtype."""
+    experts' weights, as `grouped` does once a batch hits them all; fixed shapes, any dtype. Each matmul runs in its
+    weight's dtype and the sums in the widest of them: Unsloth keeps a BF16 load's expert biases in float32."""
     count = experts.gate_up_proj.shape[0]
     rows = x.unsqueeze(0).expand(count, -1, -1)  # (experts, tokens, hidden)
-    gate_up = torch.bmm(rows, experts.gate_up_proj) + experts.gate_up_proj_bias.unsqueeze(1)
+    gate_up = torch.bmm(rows.to(experts.gate_up_proj.dtype), experts.gate_up_proj) + experts.gate_up_proj_bias.unsqueeze(1)
     for lhs, rhs, scale in _lora_factors(wrappers, "gate_up_proj"):
-        gate_up = gate_up + scale * torch.bmm(torch.bmm(rows, lhs), rhs)
+        gate_up = gate_up + _lora(rows, lhs, rhs, scale)
     gated = experts._apply_gate(gate_up)
-    out = torch.bmm(gated, experts.down_proj) + experts.down_proj_bias.unsqueeze(1)
+    out = torch.bmm(gated.to(experts.down_proj.dtype), experts.down_proj) + experts.down_proj_bias.unsqueeze(1)
     for lhs, rhs, scale in _lora_factors(wrappers, "down_proj"):
-        out = out + scale * torch.bmm(torch.bmm(gated, lhs), rhs)
+        out = out + _lora(gated, lhs, rhs, scale)
     tokens = torch.arange(x.shape[0], device=x.device).unsqueeze(1)
     picked = out[chosen, tokens]  # (tokens, top_k, hidden)
     return (picked * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)
@@ -693,12 +723,12 @@ def _experts_dense(experts, wrappers, x, chosen, weights):
 
 def _grouped_mm(x, weight, offsets):
     grouped = getattr(torch.nn.functional, "grouped_mm", None) or torch._grouped_mm
-    return grouped(x, weight, offs=offsets)
+    return grouped(x.to(weight.dtype), weight, offs=offsets)
 
 
 def _experts_grouped(experts, wrappers, x, chosen, weights):
     """The (token, expert) pairs sorted by expert, one grouped matmul per projection: each hit expert's weights
-    are read once, idle experts not at all; LoRA as two thin bmm per pair."""
+    are read once, idle experts not at all; LoRA as two thin bmm per pair. Dtypes as in `_experts_dense`."""
     tokens, top_k = chosen.shape
     count = experts.gate_up_proj.shape[0]
     expert_ids, order = torch.sort(chosen.reshape(-1))
@@ -707,11 +737,11 @@ def _experts_grouped(experts, wrappers, x, chosen, weights):
     offsets = torch.cumsum(torch.histc(counted, bins=count, min=0, max=count - 1), dim=0, dtype=torch.int32)
     gate_up = _grouped_mm(rows, experts.gate_up_proj, offsets) + experts.gate_up_proj_bias[expert_ids]
     for lhs, rhs, scale in _lora_factors(wrappers, "gate_up_proj"):
-        gate_up = gate_up + scale * torch.bmm(torch.bmm(rows.unsqueeze(1), lhs[expert_ids]), rhs[expert_ids]).squeeze(1)
+        gate_up = gate_up + _lora(rows.unsqueeze(1), lhs[expert_ids], rhs[expert_ids], scale).squeeze(1)
     gated = experts._apply_gate(gate_up).contiguous()
     out = _grouped_mm(gated, experts.down_proj, offsets) + experts.down_proj_bias[expert_ids]
     for lhs, rhs, scale in _lora_factors(wrappers, "down_proj"):
-        out = out + scale * torch.bmm(torch.bmm(gated.unsqueeze(1), lhs[expert_ids]), rhs[expert_ids]).squeeze(1)
+        out = out + _lora(gated.unsqueeze(1), lhs[expert_ids], rhs[expert_ids], scale).squeeze(1)
     out = out * weights.reshape(-1)[order].unsqueeze(-1)
     unsorted = torch.empty_like(out).index_copy_(0, order, out)
     return unsorted.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)

@@ -135,9 +135,10 @@ if [ "$mode" = cpu ]; then
   run "$py" -m pip install --quiet "torch==2.13.0"
   run "$py" -m pip install --quiet -r requirements-cpu.txt
   # Unsloth's own code for the tests' Unsloth tier (tests/unsloth, run under UNSLOTH_ALLOW_CPU=1): the GPU set's pins,
-  # without their dependencies (a plain install pulls a CUDA torch of several GB; the CPU set has the rest).
+  # without their dependencies (a plain install pulls a CUDA torch of several GB; the CPU set has the rest), and
+  # bitsandbytes, which quantizes NF4 on the CPU (the tier's 4-bit checkpoint, loaded by Unsloth's own loader).
   mapfile -t unsloth_pins < <(grep -E '^unsloth(_zoo)?==' requirements.txt)
-  run "$py" -m pip install --quiet --no-deps "${unsloth_pins[@]}"
+  run "$py" -m pip install --quiet --no-deps "${unsloth_pins[@]}" bitsandbytes==0.50.2
   run "$py" -c 'import torch, transformers, trl, peft; print(f"train_2048 CPU set ready: torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, peft {peft.__version__}")'
   exit 0
 fi

@@ -314,6 +314,18 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
     return checkpoint
 
 
+def check_merge_source(script_args, model_args, backend: str) -> str | None:
+    """Unsloth's merged_16bit save merges into 16-bit weights it finds by itself after training: which, asked now
+    (models.unsloth_merge_source), so that a save that cannot work stops the run before it starts."""
+    if script_args.save_method != "merged_16bit" or backend != "unsloth" or not model_args.use_peft:
+        return None
+    try:
+        return models.unsloth_merge_source(model_args.model_name_or_path, bool(model_args.load_in_4bit))
+    except ValueError as error:
+        die(f"--save_method merged_16bit: {error}, so the save would fail after training; train from a 16-bit "
+            "checkpoint of the same weights, or save lora (final/ holds the adapters either way)")  # fmt: skip
+
+
 def version_at_most(package: str, highest: str) -> bool:
     """The installed release of `package` is `highest` or older (local build suffixes ignored)."""
     from packaging.version import Version
@@ -591,6 +603,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
 
     script_args, settings, training_args, model_args = parse_args(argv)
     checkpoint = check_before_loading(script_args, settings, training_args, model_args, backend)
+    merge_source = check_merge_source(script_args, model_args, backend)
     output_dir = Path(training_args.output_dir)
 
     from accelerate import PartialState
@@ -600,6 +613,8 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     created = state.is_main_process and not output_dir.exists()
     start_logging(output_dir, state)
     log.info(f"train_2048: {model_args.model_name_or_path} on the {backend} backend, writing to {output_dir}")
+    if merge_source is not None:
+        log.info(f"--save_method merged_16bit: Unsloth will merge the LoRA into {merge_source}")
     if state.num_processes > 1:
         log.info(f"{state.num_processes} processes ({state.distributed_type.value}), each scoring its own completions")
     if checkpoint is not None:

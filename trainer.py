@@ -38,8 +38,10 @@ class GameGRPOTrainer(GRPOTrainer):
 
     Each training log also gets the step's time split (time/generate_s, time/rewards_s, time/optimizer_s,
     time/archive_s: the strategy archive's re-scoring, and the rest: log-probs, loss and backward), on a GPU the peak
-    memory, and generation/fast_path: the share of the step's generations that our decode loop served (1: all of
-    them; 0: TRL's model.generate, by choice or by fallback).
+    memory, generation/fast_path: the share of the step's generations that our decode loop served (1: all of them; 0:
+    TRL's model.generate, by choice or by fallback), and with --fast_generation generation/compiled: the share whose
+    decode steps ran as compiled code (generation.py: Dynamo traced them; 0 on the CPU, where the step is not
+    compiled, and wherever torch.compile left it eager).
     """
 
     def __init__(self, *args, settings, eval_samples: int, eval_games: int, times: StepTimes, generate=None,
@@ -49,7 +51,7 @@ class GameGRPOTrainer(GRPOTrainer):
         self.fast_generate = generate  # generation.generate, or None for TRL's own path
         self.archive = archive  # strategy_archive.StrategyArchive, or None
         self.times = times  # also counts the rewards' time (timed_reward)
-        self.generations = {"fast": 0, "all": 0}  # since the last training log: generation/fast_path
+        self.generations = {"fast": 0, "compiled": 0, "all": 0}  # since the last training log: generation/*
         self.add_callback(times)
 
     def unwrap_for_generation(self):
@@ -132,7 +134,9 @@ class GameGRPOTrainer(GRPOTrainer):
             logs.update(self.times.pop())
             if self.generations["all"]:
                 logs["generation/fast_path"] = self.generations["fast"] / self.generations["all"]
-            self.generations = {"fast": 0, "all": 0}
+                if self.fast_generate is not None:
+                    logs["generation/compiled"] = self.generations["compiled"] / self.generations["all"]
+            self.generations = {"fast": 0, "compiled": 0, "all": 0}
         super().log(logs, start_time)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, has_tool_images=False):
@@ -145,6 +149,7 @@ class GameGRPOTrainer(GRPOTrainer):
                 return super()._generate_single_turn(prompt_ids, images, multimodal_fields, has_tool_images)
             out = self._fast_generate(prompt_ids)
             self.generations["fast"] += generation.last_path() == "fast"
+            self.generations["compiled"] += generation.last_step_compiled()
             return out
 
     def _fast_generate(self, prompt_ids):

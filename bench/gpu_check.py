@@ -23,6 +23,11 @@ request).
     python bench/gpu_check.py --geometry 20b --workdir /dev/shm/w --build_only   # the model alone, for later runs
 
 Random weights rarely emit EOS, so every completion runs to max_completion_length: the worst case for step time.
+They also give every completion the same reward, so training leaves LoRA B at zero and a merged save's check has
+nothing to judge: unless --model or --adapters fresh, every LoRA B is drawn at random before training
+(move_adapters), and the merged rows say whether the merge kept the adapters' effect. The split 4-bit layout is built
+by the code the tests' Unsloth tier builds its checkpoint with (quantize_split, there on the CPU), and trains through
+Unsloth's own loader as there; merged_16bit on it is refused at startup (Unsloth merges into 16-bit weights only).
 The full 20B geometry takes 42 GB on disk (--workdir; /dev/shm is fastest) and a merged_16bit save 42 GB more; its split
 4-bit copy ~12 GB more, written through a 16-bit split copy in --scratch (default: the workdir), removed after.
 Exit status: 0 when the run and every save check passed, 1 otherwise, 2 on bad arguments or without a GPU.
@@ -31,6 +36,7 @@ Exit status: 0 when the run and every save check passed, 1 otherwise, 2 on bad a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -152,10 +158,13 @@ def write_split_checkpoint(fused: Path, dest: Path) -> Path:
     return dest
 
 
-def quantize_split(split16: Path, dest: Path) -> Path:
+def quantize_split(split16: Path, dest: Path, device: str = "cuda") -> Path:
     """The split checkpoint quantized to 4-bit with bitsandbytes (NF4, double quantization, BF16 compute, the router
     and output layer left 16-bit) in Unsloth's own expert classes, saved pre-quantized: what Unsloth's loader takes for
-    its split 4-bit layout (it reads the tensors' dtypes), as from the hub. On the GPU, in this process."""
+    its split 4-bit layout (it reads the tensors' dtypes), as from the hub. In this process, on the GPU, or with
+    device "cpu" on the CPU (bitsandbytes >= 0.49 quantizes NF4 there: the tests' Unsloth tier builds its checkpoint so).
+    An unquantized split checkpoint is no substitute: Unsloth's loader takes it for the fused layout (every expert
+    tensor unexpected, the fused ones missing, so random experts)."""
     import torch
     import unsloth  # noqa: F401  (before transformers' model code runs: its expert classes)
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -169,7 +178,8 @@ def quantize_split(split16: Path, dest: Path) -> Path:
                                           bnb_4bit_compute_dtype=torch.bfloat16,
                                           llm_int8_skip_modules=["router", "lm_head", "embed_tokens"])  # fmt: skip
         model, info = AutoModelForCausalLM.from_pretrained(split16, quantization_config=quantization, dtype=torch.bfloat16,
-                                                           device_map={"": 0}, output_loading_info=True)  # fmt: skip
+                                                           device_map={"": 0 if device == "cuda" else device},
+                                                           output_loading_info=True)  # fmt: skip
         if info["missing_keys"] or info["unexpected_keys"]:
             raise SystemExit(f"gpu_check: the split checkpoint does not fit Unsloth's classes: {info}")
         model.save_pretrained(part)
@@ -179,13 +189,14 @@ def quantize_split(split16: Path, dest: Path) -> Path:
     finally:
         restore_gpt_oss_original()
     del model
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(part, dest)
     return dest
 
 
-def build_split_4bit(fused: Path, scratch: Path) -> Path:
+def build_split_4bit(fused: Path, scratch: Path, device: str = "cuda") -> Path:
     """<fused>-split-4bit beside the fused model, built once (reused by later runs with the same --workdir)."""
     dest = fused.with_name(fused.name + "-split-4bit")
     if (dest / "config.json").exists():
@@ -193,11 +204,64 @@ def build_split_4bit(fused: Path, scratch: Path) -> Path:
     started = time.monotonic()
     split16 = write_split_checkpoint(fused, scratch / (fused.name + "-split-16bit"))
     try:
-        quantize_split(split16, dest)
+        quantize_split(split16, dest, device)
     finally:
         shutil.rmtree(split16, ignore_errors=True)
     print(f"built the split 4-bit layout (Unsloth's default) in {dest} ({time.monotonic() - started:.0f} s)")
     return dest
+
+
+def move_adapters(model, seed: int = 0, share: float = 0.1) -> int:
+    """Every LoRA's B drawn at random (PEFT starts it at zero), so that the adapters move the model: each shifts its
+    layer's output by about `share` of what a weight of the model's initializer_range gives (random weights are drawn
+    so). Fresh adapters, and adapters after steps whose rewards had no spread (random weights: no gradient), leave the
+    model as it was, and the merged save's check (models.verify_merged) then has nothing to judge. Returns how many
+    LoRA weights were drawn."""
+    import torch
+
+    std = getattr(model.config, "initializer_range", 0.02)
+    generator = torch.Generator().manual_seed(seed)
+    drawn = 0
+    with torch.no_grad():
+        for module in model.modules():
+            lora_a, lora_b = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
+            if not isinstance(lora_a, torch.nn.ModuleDict) or not isinstance(lora_b, torch.nn.ModuleDict):
+                continue
+            for name in lora_b:
+                a, b = lora_a[name].weight, lora_b[name].weight
+                rows = float(a.float().pow(2).sum(1).mean())  # |A_i|^2: (B A x)_j has variance sigma^2 r |A_i|^2 |x|^2/in
+                sigma = share * std * (a.shape[1] / (module.r[name] * rows)) ** 0.5 / module.scaling[name]
+                b.copy_(torch.randn(b.shape, generator=generator) * sigma)
+                drawn += 1
+    return drawn
+
+
+@contextlib.contextmanager
+def adapters_moved():
+    """models.load_model, for as long as this lasts, with move_adapters applied to each policy it loads to train."""
+    import models
+
+    load = models.load_model
+
+    def load_moved(*args, **kwargs):
+        model, tokenizer = load(*args, **kwargs)
+        if kwargs.get("trainable"):
+            print(f"gpu_check: drew B of {move_adapters(model)} LoRA weights (move_adapters)", flush=True)
+        return model, tokenizer
+
+    models.load_model = load_moved
+    try:
+        yield
+    finally:
+        models.load_model = load
+
+
+def train_with_moved_adapters(argv: list[str]) -> int:
+    """train_2048.py's main with moved adapters (adapters_moved): the GPU check's training run."""
+    import train_2048
+
+    with adapters_moved():
+        return train_2048.main(argv)
 
 
 def prompt_tokens(tokenizer) -> int:
@@ -249,6 +313,8 @@ def summarise(out: Path, skip: int) -> dict:
         result[key] = statistics.median(values) if values else None
     served = [m["generation/fast_path"] for m in steps if "generation/fast_path" in m]
     result["fast_path_share"] = statistics.fmean(served) if served else None  # 1.0: every step, the fast path
+    compiled = [m["generation/compiled"] for m in steps if "generation/compiled" in m]
+    result["compiled_share"] = statistics.fmean(compiled) if compiled else None  # 1.0: its decode steps compiled
     memory = [m["gpu/peak_memory_gb"] for m in steps if "gpu/peak_memory_gb" in m]
     result["peak_memory_gb"] = max(memory) if memory else None
     result["reward_mean"] = statistics.fmean(m["reward"] for m in steps) if steps else None
@@ -259,7 +325,7 @@ def summarise(out: Path, skip: int) -> dict:
     result["signal_per_s"] = statistics.fmean(signal) / result["time/step_s"] if result["time/step_s"] else None
     log = (out / "training.log").read_text() if (out / "training.log").exists() else ""
     result["save_checks"] = [line.split(" ", 3)[-1] for line in log.splitlines() if "verified " in line]
-    inconclusive = "too little for this check to tell"  # models.verify_merged: adapters near a no-op (random weights)
+    inconclusive = "nothing the merge could have lost"  # models.verify_merged: adapters that change nothing
     result["save_problems"] = [line.split(" ", 3)[-1] for line in log.splitlines() if " ERROR " in line
                                or ("WARNING" in line and "final" in line and inconclusive not in line)]  # fmt: skip
     result["save_inconclusive"] = [line.split(" ", 3)[-1] for line in log.splitlines() if inconclusive in line]
@@ -320,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", choices=("auto", "fused", "split"), default="auto",
                         help="the experts' layout built: auto is the preset's (split 4-bit for the default on a GPU)")  # fmt: skip
     parser.add_argument("--scratch", help="where the 16-bit split copy is written on the way to 4-bit (default: --workdir)")
+    parser.add_argument("--adapters", choices=("auto", "moved", "fresh"), default="auto",
+                        help="moved: every LoRA B drawn at random before training (move_adapters), so that the merged "
+                        "save's check can judge the merge; fresh: PEFT's zero B; auto: moved unless --model")  # fmt: skip
     parser.add_argument("--build_only", action="store_true",
                         help="build the model in --workdir and stop: later runs with that --workdir reuse it")  # fmt: skip
     args = parser.parse_args(argv)
@@ -371,12 +440,14 @@ def main(argv: list[str] | None = None) -> int:
                         "--optim", "adamw_torch", "--max_completion_length", "16", "--offload_embedding", "false",
                         "--gradient_checkpointing", "false", "--cpu_threads", "1", "--dtype", "float32"]  # fmt: skip
         command += passthrough
-        print("$ " + " ".join(command), flush=True)
+        moved = args.adapters == "moved" or (args.adapters == "auto" and not args.model)
+        launch = [sys.executable, str(Path(__file__).resolve()), "train-moved", *command[2:]] if moved else command
+        print("$ " + " ".join(launch), flush=True)
         sampler = GPUSampler() if not args.cpu else None
         started = time.monotonic()
         out.mkdir(parents=True)
         with open(out / "console.txt", "w") as console:  # the child's output as it comes: a run cut off shows where
-            run = subprocess.run(command, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT)
+            run = subprocess.run(launch, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT)
         wall = time.monotonic() - started
         gpu = sampler.stop() if sampler else {}
         said = (out / "console.txt").read_text(errors="replace")
@@ -392,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         result.update(max_completion_length=int(option(command, "max_completion_length",
                                                        defaults.get("max_completion_length"))),
                       fast_generation=str(option(command, "fast_generation", False)).lower() == "true",
-                      save_method=args.save_method)  # fmt: skip
+                      save_method=args.save_method, adapters="moved" if moved else "fresh")  # fmt: skip
         result.update(geometry=args.geometry, layers=args.layers, preset=args.preset, tokenizer=tokenizer_kind, layout=layout,
                       device=torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.cpu else "cpu",
                       versions=versions())  # fmt: skip
@@ -427,4 +498,4 @@ def versions() -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(train_with_moved_adapters(sys.argv[2:]) if sys.argv[1:2] == ["train-moved"] else main())

@@ -52,16 +52,19 @@ def find(lines: list[str], *needles: str) -> int:
 
 
 def is_cpu_plan(lines: list[str]) -> bool:
-    """The CPU set, and Unsloth's two packages only without their dependencies (for the tests' Unsloth tier)."""
+    """The CPU set, then Unsloth's two packages at the GPU set's pins and bitsandbytes 0.50.2 (NF4 on the CPU), only
+    those, without their dependencies (for the tests' Unsloth tier)."""
     text = "\n".join(lines)
     unsloth = [line for line in lines if "unsloth" in line]
-    pins = {line.split("==")[0] for line in (ROOT / "requirements.txt").read_text().split() if line.startswith("unsloth")}
+    pins = {line for line in (ROOT / "requirements.txt").read_text().split() if line.startswith("unsloth")}
     return (
         "-r requirements-cpu.txt" in text
         and "-r requirements.txt" not in text
+        and "bitsandbytes" not in text.replace(unsloth[0] if unsloth else "", "")
         and len(unsloth) == 1
         and "--no-deps" in unsloth[0].split()
-        and {word.split("==")[0] for word in unsloth[0].split() if "==" in word} == pins == {"unsloth", "unsloth_zoo"}
+        and {word for word in unsloth[0].split() if "==" in word} == pins | {"bitsandbytes==0.50.2"}
+        and {pin.split("==")[0] for pin in pins} == {"unsloth", "unsloth_zoo"}
     )
 
 

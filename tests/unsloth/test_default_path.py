@@ -1,7 +1,8 @@
-"""`python train_2048.py` on the Unsloth backend, as far as a CPU takes it (conftest.py says where the CPU stops):
-our trainer over Unsloth's generated one, the presets under Unsloth's config, fast generation in Unsloth's state,
-GRPO steps through Unsloth's trainer on both expert layouts, the saves and their checks, and evaluation of an adapter
-in the default's layout."""
+"""`python train_2048.py` on the Unsloth backend, as far as a CPU takes it (conftest.py says what it stubs and where
+the CPU stops): Unsloth's own loader on the default's pre-quantized split 4-bit layout and on BF16's fused one, our
+trainer over Unsloth's generated one, the presets under Unsloth's config, fast generation in Unsloth's state (its
+dtypes, its decode flag), GRPO steps through Unsloth's trainer on both layouts, the saves and their checks, and
+evaluation of a default run's adapter as Unsloth saves it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import trl
-from conftest import REPO, bind_unsloth_modes, load_like_unsloth, split_folder, use_split_experts
+from conftest import REPO, TARGETS, gpu_check, load_with_unsloth, split_4bit, split_16bit, use_split_experts
 
 import generation
 import models
@@ -29,8 +30,9 @@ PRESETS = sorted((REPO / "configs").glob("*.yaml"))
 # kwargs of HF checkpointing, which train_2048 turns off on the Unsloth backend (Unsloth checkpoints by itself).
 UNSLOTH_ONLY = {"unsloth_num_chunks", "context_parallel_size", "context_parallel_backend",
                 "gradient_checkpointing_kwargs"}  # fmt: skip
-# The presets on the tiny model, on the CPU: no bitsandbytes optimizer, short completions, no evaluation.
-ON_CPU = ["--use_cpu", "true", "--bf16", "false", "--optim", "adamw_torch", "--offload_embedding", "false",
+# The presets on the tiny model, on the CPU: BF16 as on a GPU, offload_embedding as each preset sets it, torch's AdamW
+# (bitsandbytes' 8-bit one has no CPU kernel), short completions, no evaluation.
+ON_CPU = ["--use_cpu", "true", "--bf16", "true", "--optim", "adamw_torch",
           "--max_completion_length", "12", "--max_seq_length", "1024", "--num_generations", "4",
           "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--logging_steps", "1",
           "--save_steps", "100", "--report_to", "none", "--game_salt", "unsloth-tier", "--require_seccomp", "false",
@@ -103,38 +105,88 @@ def test_mxfp4_is_refused_at_startup_with_unsloths_own_bound(tmp_path, capsys):
     assert "mxfp4" in line and "llm-compressor" in line and "merged_16bit" in line
 
 
-def test_the_gpu_checks_split_checkpoint_is_the_same_model_in_unsloths_classes(tiny):
-    """bench/gpu_check.py's split layout (before it quantizes it on the GPU) loads into Unsloth's own split classes
-    with every tensor in place, and computes what the fused checkpoint computes."""
+# --- Unsloth's loader -------------------------------------------------------------------------------------------
+
+
+def logits_of(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+IDS = torch.tensor([[5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49]])
+
+
+def test_unsloths_loader_takes_the_gpu_checks_split_4bit_checkpoint_in_its_own_classes(tiny):
+    """The default preset's load: the checkpoint bench/gpu_check.py quantizes (here on the CPU) loads in Unsloth's split
+    4-bit classes, an NF4 Linear per expert with a LoRA each, the embedding offloaded as the preset asks, and computes
+    the fused model's function to 4-bit precision. An unquantized split checkpoint (the tier's before) loads as the
+    fused layout instead, its experts random: far from it."""
+    import bitsandbytes as bnb
     from transformers import AutoModelForCausalLM
 
-    ids = torch.tensor([[5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49]])
-    with torch.no_grad():
-        fused = AutoModelForCausalLM.from_pretrained(tiny).eval()(input_ids=ids).logits
-        use_split_experts(True)
-        model, info = AutoModelForCausalLM.from_pretrained(split_folder(tiny), output_loading_info=True)
-        split = model.eval()(input_ids=ids).logits
+    model, _ = load_with_unsloth(tiny, split=True)
+    base = model.get_base_model()
+    experts = base.model.layers[0].mlp.experts
+    assert models.experts_layout(model) == "split"
+    assert isinstance(experts.gate_up_projs[0].base_layer, bnb.nn.Linear4bit)
+    assert experts.gate_up_projs[0].base_layer.weight.quant_state.quant_type == "nf4"
+    assert isinstance(base.model.layers[0].self_attn.q_proj.base_layer, bnb.nn.Linear4bit)
+    assert models.describe_experts(model).endswith("LoRA on 16 of them")  # 2 layers x 4 experts x 2 projections
+    assert getattr(base.get_input_embeddings(), "_unsloth_offload_hooks_installed", False)  # offload_embedding: true
+    with model.disable_adapter():
+        quantized = logits_of(model, IDS)
     use_split_experts(False)
+    fused = logits_of(AutoModelForCausalLM.from_pretrained(tiny), IDS)
+    error = float((quantized - fused).abs().max() / fused.abs().max())
+    assert error < 0.1, error  # NF4 rounding; random experts or a wrong layout are off by ~1
+
+
+def test_the_gpu_checks_split_16bit_checkpoint_is_the_same_model_in_unsloths_classes(tiny):
+    """bench/gpu_check.py's split layout before quantizing: in Unsloth's split classes every tensor is in place, and
+    it computes what the fused checkpoint computes (what quantize_split then rounds)."""
+    from transformers import AutoModelForCausalLM
+
+    fused = logits_of(AutoModelForCausalLM.from_pretrained(tiny).eval(), IDS)
+    use_split_experts(True)
+    model, info = AutoModelForCausalLM.from_pretrained(split_16bit(tiny), output_loading_info=True)
     assert models.experts_layout(model) == "split"
     assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
-    assert torch.allclose(split, fused, atol=1e-5)
+    assert torch.allclose(logits_of(model.eval(), IDS), fused, atol=1e-5)
+
+
+def test_the_bf16_preset_loads_fused_with_unsloths_dtypes(tiny):
+    """What the fast path must serve: BF16 weights, the expert biases upcast to float32 by Unsloth, float32 LoRA."""
+    model, _ = load_with_unsloth(tiny, split=False)
+    experts = model.get_base_model().model.layers[0].mlp.experts
+    while hasattr(experts, "base_layer"):
+        experts = experts.base_layer
+    assert models.experts_layout(model) == "fused"
+    assert (experts.gate_up_proj.dtype, experts.gate_up_proj_bias.dtype) == (torch.bfloat16, torch.float32)
+    assert not getattr(model.get_base_model().get_input_embeddings(), "_unsloth_offload_hooks_installed", False)
+
+
+def test_lora_dropout_is_handled_alike_on_both_backends(tiny, caplog):
+    """PEFT cannot apply dropout to a LoRA on a tensor: on fused experts both loaders set it to 0 with a warning
+    (Unsloth's BF16 path raised in PEFT); Unsloth's split experts are Linear layers and keep it."""
+    from trl import ModelConfig
+
+    fused, _ = load_with_unsloth(tiny, split=False, dropout=0.1)
+    assert fused.peft_config["default"].lora_dropout == 0.0 and "cannot use dropout" in caplog.text
+    split, _ = load_with_unsloth(tiny, split=True, dropout=0.1)
+    assert split.peft_config["default"].lora_dropout == 0.1
+    use_split_experts(False)
+    args = ModelConfig(model_name_or_path=str(tiny), use_peft=True, lora_dropout=0.1, lora_target_modules=TARGETS)
+    plain, _ = models.load_model(str(tiny), args, backend="transformers", trainable=True)
+    assert plain.peft_config["default"].lora_dropout == 0.0
 
 
 # --- fast generation in Unsloth's state ---------------------------------------------------------------------------
 
 
-def unsloth_model(tiny, split: bool, dropout: float = 0.0):
-    from trl import ModelConfig
-
-    args = ModelConfig(model_name_or_path=str(tiny), use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=dropout,
-                       load_in_4bit=split, lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                                "up_proj", "down_proj"])  # fmt: skip
-    model, tokenizer = load_like_unsloth(str(tiny), args, True, 1024, False, 0, True)
-    with torch.no_grad():  # fresh LoRA is a no-op: make it count
-        torch.manual_seed(1)
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.3)
+def unsloth_model(tiny, split: bool, share: float = 0.3):
+    """Unsloth's model with adapters that move it (bench/gpu_check.py's move_adapters)."""
+    model, tokenizer = load_with_unsloth(tiny, split)
+    gpu_check.move_adapters(model, seed=1, share=share)
     return model, tokenizer
 
 
@@ -146,17 +198,18 @@ def prompts(vocab: int):
     return ids.masked_fill(mask == 0, 0), mask
 
 
-@pytest.mark.parametrize("split", [True, False], ids=["4-bit layout", "bf16 layout"])
+@pytest.mark.parametrize("split", [True, False], ids=["4-bit default", "bf16 preset"])
 def test_fast_generation_stays_fast_in_unsloths_state(tiny, split):
-    """Training mode with Unsloth's "unsloth" checkpointing flags, then inside Unsloth's own unwrap (its
-    for_inference, then for_training on leaving): no fallback, the tokens of model.generate with the same seed."""
+    """Training mode with checkpointing on as Unsloth's loader leaves it (flags True, its own checkpoint function),
+    then inside Unsloth's own unwrap (its for_inference, then for_training on leaving): no fallback, the tokens of
+    model.generate with the same seed. On the BF16 preset, with Unsloth's float32 expert biases beside BF16 weights."""
     import trl.trainer.grpo_trainer as trl_grpo
     from accelerate import Accelerator
     from transformers import GenerationConfig
 
     model, tokenizer = unsloth_model(tiny, split)
-    assert model.training and {m.gradient_checkpointing for m in model.modules() if
-                                hasattr(m, "gradient_checkpointing")} == {"unsloth"}  # fmt: skip
+    flags = [m.gradient_checkpointing for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+    assert model.training and flags and all(flags)
     ids, mask = prompts(len(tokenizer))
     config = GenerationConfig(max_new_tokens=8, do_sample=True, temperature=1.0, pad_token_id=0, eos_token_id=None)
     generation._WARNED.clear()
@@ -180,6 +233,70 @@ def test_fast_generation_stays_fast_in_unsloths_state(tiny, split):
     assert model.training and flags and all(flags)
 
 
+COMPILED_STEP = """
+import json, os, sys, torch
+sys.path.insert(0, sys.argv[1])
+import conftest, generation
+from pathlib import Path
+from torch._dynamo.utils import counters
+from transformers import GenerationConfig
+model, tokenizer = conftest.load_with_unsloth(Path(sys.argv[2]), split=True)
+conftest.gpu_check.move_adapters(model, seed=1, share=0.3)
+model.for_inference()
+ids = torch.randint(5, len(tokenizer), (3, 10), generator=torch.Generator().manual_seed(0))
+mask = torch.ones_like(ids)
+mask[1, :3] = 0
+ids = ids.masked_fill(mask == 0, 0)
+config = GenerationConfig(max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+os.environ["FAST_GENERATE_COMPILE"] = "eager"
+del os.environ["TORCHDYNAMO_DISABLE"]
+warned = []
+generation.log.warning = warned.append
+ours = generation.generate(model, ids, mask, config)
+graphs = counters["stats"]["unique_graphs"]
+os.environ["TORCHDYNAMO_DISABLE"] = "1"
+theirs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+print(json.dumps({"warned": warned, "graphs": graphs, "compiled": generation.last_step_compiled(),
+                  "describe": generation.describe(model), "same": torch.equal(ours, theirs)}))
+"""
+
+
+def test_the_4bit_defaults_decode_step_compiles_under_unsloths_decode_flag(tiny):
+    """Unsloth wraps GPT-OSS's MLP in torch_compiler_disable_unless_decode: a full graph of our step traces through
+    it only with Unsloth's decode flag up, which the fast path raises around its step. In a process of its own, one
+    load as in training (a later Unsloth load in the same process drops its compiled module from sys.modules, which
+    Dynamo then cannot import). Dynamo is lifted for our step alone (Unsloth's compiled regions were made under
+    TORCHDYNAMO_DISABLE=1, so they stay eager: conftest.py), with the "eager" backend (a trace, no Inductor). The step
+    runs as compiled code, says so, and gives generate's greedy tokens."""
+    result = subprocess.run([sys.executable, "-c", COMPILED_STEP, str(REPO / "tests" / "unsloth"), str(tiny)],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = json.loads(result.stdout.strip().splitlines()[-1])
+    assert said["warned"] == [] and said["graphs"] > 0, said
+    assert said["compiled"] and "step compiled" in said["describe"] and said["same"], said
+
+
+def test_a_step_torch_compile_leaves_eager_is_not_called_compiled(tiny):
+    """Under TORCHDYNAMO_DISABLE=1 torch.compile hands the step back as written: describe() and the
+    generation/compiled scalar's source must not call it compiled."""
+    import os
+
+    from transformers import GenerationConfig
+
+    model, tokenizer = unsloth_model(tiny, split=True)
+    model.for_inference()
+    ids, mask = prompts(len(tokenizer))
+    config = GenerationConfig(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    os.environ["FAST_GENERATE_COMPILE"] = "eager"
+    try:
+        generation.generate(model, ids, mask, config)
+    finally:
+        del os.environ["FAST_GENERATE_COMPILE"]
+    assert generation.last_path() == "fast" and not generation.last_step_compiled()
+    assert "step eager" in generation.describe(model)
+    generation.release(model)
+
+
 class _warnings:
     """WARNING lines of generation.py's logger inside the block."""
 
@@ -197,16 +314,15 @@ class _warnings:
 # --- GRPO steps through Unsloth's trainer -------------------------------------------------------------------------
 
 
-def run_default_path(tiny, out: Path, *args: str, preset: str = "gpt-oss-20b.yaml") -> int:
+def run_default_path(model: Path, out: Path, *args: str, preset: str = "gpt-oss-20b.yaml") -> int:
     """train_2048's train() on the Unsloth backend, as main() runs it, with the preset on the tiny model."""
-    argv = ["--config", str(REPO / "configs" / preset), "--model_name_or_path", str(tiny), "--output_dir", str(out),
+    argv = ["--config", str(REPO / "configs" / preset), "--model_name_or_path", str(model), "--output_dir", str(out),
             *ON_CPU, *args]  # fmt: skip
     sandbox.start()
     try:
         return train_2048.train(argv, "unsloth", cuda=False)
     finally:
         sandbox.shutdown()
-        use_split_experts(False)
 
 
 def training_lines(out: Path) -> list[dict]:
@@ -215,73 +331,107 @@ def training_lines(out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def default_runs(tiny, tmp_path_factory):
-    """One GRPO step of the default preset (4-bit layout) with fast generation, and the same step without it."""
-    import pytest as _pytest
-
-    patch = _pytest.MonkeyPatch()
-    patch.setattr(models, "_load_unsloth", load_like_unsloth)
+    """One GRPO step of the default preset (the split 4-bit checkpoint) with fast generation, and the same step
+    without it."""
     runs = {}
-    try:
-        for fast in ("true", "false"):
-            out = tmp_path_factory.mktemp(f"default-fast-{fast}") / "out"
-            assert run_default_path(tiny, out, "--max_steps", "1", "--fast_generation", fast) == 0
-            runs[fast] = out
-    finally:
-        patch.undo()
+    for fast in ("true", "false"):
+        out = tmp_path_factory.mktemp(f"default-fast-{fast}") / "out"
+        assert run_default_path(split_4bit(tiny), out, "--max_steps", "1", "--fast_generation", fast) == 0
+        use_split_experts(False)
+        runs[fast] = out
     return runs
 
 
-def test_a_grpo_step_of_the_default_runs_through_unsloths_trainer(default_runs):
+def test_a_grpo_step_of_the_default_runs_through_unsloths_loader_and_trainer(default_runs):
     log = (default_runs["true"] / "training.log").read_text()
     assert "on the unsloth backend" in log
     assert "experts split, a Linear per expert (Unsloth's 4-bit layout); LoRA on 16 of them" in log  # 2 x 4 x 2
     assert "generation: fast (" in log and "fast generation" not in log  # no fallback line
     (fast,), (plain,) = training_lines(default_runs["true"]), training_lines(default_runs["false"])
     assert fast["generation/fast_path"] == 1.0 and plain["generation/fast_path"] == 0.0
+    assert fast["generation/compiled"] == 0.0  # compile=none on the CPU, and the scalar says so
     for key in ("reward", "completions/mean_length", "loss", "rewards/function_works/mean"):
         assert fast[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-6), key  # the same tokens, seed for seed
 
 
-def test_the_default_runs_adapter_holds_a_lora_per_expert(default_runs):
+def test_the_default_runs_adapter_is_unsloths_a_lora_per_expert_named_by_a_pattern(default_runs):
     final = default_runs["true"] / "final"
     config = json.loads((final / "adapter_config.json").read_text())
-    assert {f"gate_up_projs.{e}" for e in range(4)} | {f"down_projs.{e}" for e in range(4)} <= set(
-        config["target_modules"])
+    assert isinstance(config["target_modules"], str) and "gate_up_projs" in config["target_modules"]  # Unsloth's regex
     assert models.split_expert_lora(final)
     assert "verified" in (default_runs["true"] / "training.log").read_text()  # final/ checked tensor by tensor
 
 
-def test_a_grpo_step_of_the_bf16_preset_runs_through_unsloths_trainer_and_its_merge(tiny, tmp_path, unsloth_backend):
-    """...and save_and_verify's Unsloth branch: Unsloth's merge, the trained model released, the fresh-process check
-    (one step at lr 5e-5 leaves the adapters near a no-op: the check says it cannot vouch for them, and passes)."""
+def test_a_grpo_step_of_the_bf16_preset_runs_its_fast_path_and_unsloths_merge(tiny, tmp_path, capsys):
+    """The BF16 preset with Unsloth's dtypes: generation/fast_path 1 (no fallback line); then save_and_verify's Unsloth
+    branch: Unsloth's merge of the local 16-bit checkpoint, said before training, the trained model released, and
+    the fresh-process check, which with adapters that move the model (bench/gpu_check.py's) can judge: it is the
+    trained model, keeping its adapters' effect."""
     out = tmp_path / "out"
-    assert run_default_path(tiny, out, "--max_steps", "1", "--fast_generation", "true", "--save_method",
-                            "merged_16bit", preset="gpt-oss-20b-bf16.yaml") == 0  # fmt: skip
+    with gpu_check.adapters_moved():
+        assert run_default_path(tiny, out, "--max_steps", "1", "--fast_generation", "true", "--save_method",
+                                "merged_16bit", preset="gpt-oss-20b-bf16.yaml") == 0  # fmt: skip
     log = (out / "training.log").read_text()
+    assert f"Unsloth will merge the LoRA into {tiny}'s own weights" in log
     assert "experts fused into tensors (transformers' layout); LoRA on 4 expert tensors" in log  # 2 layers x 2
     assert training_lines(out)[0]["generation/fast_path"] == 1.0 and "fast generation" not in log
-    assert "final-merged_16bit: reloaded alone, it is within tolerance of the trained model" in log
+    verified = [line for line in log.splitlines() if "final-merged_16bit: every tensor loads" in line]
+    assert len(verified) == 1 and "it is the trained model" in verified[0] and " ERROR " not in log
 
 
-def test_a_merge_the_check_refuses_ends_the_run_with_status_1(tiny, tmp_path, unsloth_backend):
-    """The default preset on the tiny split checkpoint: Unsloth merges back into the split layout, which transformers
-    cannot load (test_unsloths_own_merged_save_goes_through_the_check): one ERROR line, exit status 1, final/ kept."""
+def test_merged_16bit_on_the_4bit_default_is_refused_at_startup(tiny, tmp_path, capsys):
+    """Unsloth merges only into 16-bit weights and refuses a local 4-bit checkpoint after training ("base model should
+    be a 16bit or mxfp4 base model"): train_2048 asks where the merge would read before it starts, one line, exit 2,
+    nothing written."""
     out = tmp_path / "out"
-    assert run_default_path(tiny, out, "--max_steps", "1", "--save_method", "merged_16bit") == 1
+    with pytest.raises(SystemExit) as stop:
+        run_default_path(split_4bit(tiny), out, "--max_steps", "1", "--save_method", "merged_16bit")
+    assert stop.value.code == 2 and not out.exists()
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("train_2048: --save_method merged_16bit:") and "4-bit (nf4)" in line and "save lora" in line
+
+
+def test_merged_16bit_from_the_hub_is_asked_of_the_hub_before_training(tmp_path, monkeypatch, capsys):
+    """The hub's 4-bit default merges into unsloth/gpt-oss-20b, which Unsloth looks up on the hub at save time: offline,
+    the run is refused before it starts; online, one line says which weights the merge will download."""
+    import unsloth_zoo.saving_utils
+
+    argv = ["--config", str(REPO / "configs" / "gpt-oss-20b.yaml"), "--output_dir", str(tmp_path), "--save_method",
+            "merged_16bit", "--require_seccomp", "false", "--use_cpu", "true", "--bf16", "false"]  # fmt: skip
+    script_args, _, _, model_args = train_2048.parse_args(argv)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SystemExit) as stop:
+        train_2048.check_merge_source(script_args, model_args, "unsloth")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and "unsloth/gpt-oss-20b's 16-bit weights" in line and "cannot be reached" in line
+    asked = []
+    monkeypatch.setattr(unsloth_zoo.saving_utils, "check_hf_model_exists", lambda name, token=None: asked.append(name) or True)
+    source = train_2048.check_merge_source(script_args, model_args, "unsloth")
+    assert asked == ["unsloth/gpt-oss-20b"] and source.startswith("unsloth/gpt-oss-20b's 16-bit weights on the Hugging")
+
+
+def test_a_merge_unsloth_refuses_after_training_is_one_error_line_and_status_1(tiny, tmp_path, monkeypatch):
+    """Past the startup check (bypassed here), Unsloth's own refusal of the 4-bit merge: one ERROR line in
+    training.log, exit status 1, final/ kept: never a traceback after training."""
+    monkeypatch.setattr(train_2048, "check_merge_source", lambda *args: None)
+    out = tmp_path / "out"
+    assert run_default_path(split_4bit(tiny), out, "--max_steps", "1", "--save_method", "merged_16bit") == 1
     errors = [line for line in (out / "training.log").read_text().splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and "final-merged_16bit: the merged checkpoint does not load as the trained model" in errors[0]
+    assert len(errors) == 1 and "Unsloth's merged_16bit save failed" in errors[0] and "nf4" in errors[0]
     assert (out / "final" / "adapter_model.safetensors").exists()
 
 
-def test_a_fallback_while_training_is_one_warning_line_and_the_scalar_says_so(tiny, tmp_path, unsloth_backend,
-                                                                             monkeypatch):  # fmt: skip
+def test_a_fallback_while_training_is_one_warning_line_and_the_scalar_says_so(tiny, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no cache today")
 
     monkeypatch.setattr(generation, "_prefill", broken)
     monkeypatch.setattr(generation, "_WARNED", set())
     out = tmp_path / "out"
-    assert run_default_path(tiny, out, "--max_steps", "2", "--fast_generation", "true") == 0
+    assert run_default_path(split_4bit(tiny), out, "--max_steps", "2", "--fast_generation", "true") == 0
     lines = (out / "training.log").read_text().splitlines()
     warned = [line for line in lines if "fast generation" in line and " DEBUG " not in line]  # the rest: DEBUG
     assert len(warned) == 1 and " WARNING " in warned[0] and "RuntimeError: no cache today" in warned[0]
@@ -291,39 +441,62 @@ def test_a_fallback_while_training_is_one_warning_line_and_the_scalar_says_so(ti
 # --- the saves and their checks -----------------------------------------------------------------------------------
 
 
-def trained_model(tiny, split: bool):
-    """A model in Unsloth's state whose LoRA moves its outputs well beyond the merge check's tolerance."""
-    model, tokenizer = unsloth_model(tiny, split)
+def trained_model(tiny, split: bool, share: float = 0.3, attention: bool = True):
+    """A model in Unsloth's state whose LoRA moves its outputs, `share` setting how much (move_adapters); without
+    `attention`, only the experts' LoRA does."""
+    model, tokenizer = unsloth_model(tiny, split, share)
+    if not attention:
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name and "self_attn" in name:
+                    parameter.zero_()
     model.for_inference()
     return model, tokenizer
 
 
-def merged_checkpoint(model, tokenizer, folder: Path, drop_expert_lora: bool = False) -> Path:
-    """What Unsloth's merged_16bit save writes: the fused layout, 16-bit, the LoRA merged (optionally without the
-    experts' LoRA: unsloth-zoo issue 885's bug)."""
+def dense(layer):
+    """A Linear's weight in 16 or 32 bits (bitsandbytes' NF4 dequantized)."""
+    import bitsandbytes as bnb
+
+    weight = layer.weight
+    if isinstance(layer, bnb.nn.Linear4bit):
+        return bnb.functional.dequantize_4bit(weight.data, weight.quant_state)
+    return weight.detach()
+
+
+def merged_checkpoint(model, tokenizer, folder: Path, drop: str = "") -> Path:
+    """What a merged_16bit save writes, built here independently of Unsloth: the fused layout, 16-bit, the LoRA merged
+    into the (dequantized) base; drop="experts" leaves out the experts' LoRA (unsloth-zoo issue 885's bug), "all"
+    every LoRA."""
+    import bitsandbytes as bnb
     from safetensors.torch import save_file
 
-    merged = {}
-    state = {k.removeprefix("base_model.model."): v for k, v in model.state_dict().items() if "lora_" not in k}
+    state = {k.removeprefix("base_model.model."): v for k, v in model.state_dict().items()
+             if "lora_" not in k and not re.search(r"\.weight\.", k)}  # fmt: skip  (no LoRA, no NF4 statistics)
     for name, module in model.named_modules():
-        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer") and "default" in module.lora_A:
-            expert = models.SPLIT_EXPERT.match(name)
-            if drop_expert_lora and (expert or hasattr(module, "parameter_name")):
-                continue
-            key = name.removeprefix("base_model.model.")
-            if hasattr(module, "parameter_name"):
-                key = f"{key.removesuffix('.base_layer')}.{module.parameter_name}"
-                merged[key] = module.get_param().detach() + module.get_delta_weight("default").detach()
-            else:
-                merged[f"{key}.weight"] = module.base_layer.weight.detach() + module.get_delta_weight("default")
+        if isinstance(module, bnb.nn.Linear4bit):
+            state[f"{name.removeprefix('base_model.model.')}.weight"] = dense(module)
+    for name, module in model.named_modules():
+        if not (hasattr(module, "get_delta_weight") and hasattr(module, "base_layer") and "default" in module.lora_A):
+            continue
+        expert = models.SPLIT_EXPERT.match(name) or hasattr(module, "parameter_name")
+        if drop == "all" or (drop == "experts" and expert):
+            continue
+        key = name.removeprefix("base_model.model.")
+        if hasattr(module, "parameter_name"):
+            key = f"{key.removesuffix('.base_layer')}.{module.parameter_name}"
+            state[re.sub(r"(\.base_layer)+\.", ".", key)] = module.get_param().detach() + module.get_delta_weight("default")
+        else:
+            state[f"{key}.weight"] = dense(module.base_layer) + module.get_delta_weight("default")
     state = {re.sub(r"(\.base_layer)+\.", ".", k): v for k, v in state.items()}
-    state.update(merged)
-    if models.experts_layout(model) == "split":  # Unsloth writes the fused layout (unsloth_zoo saving_utils)
+    if models.experts_layout(model) == "split":  # merged checkpoints are in the fused layout (unsloth_zoo saving_utils)
         state = fuse(state)
     folder.mkdir(parents=True)
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
               metadata={"format": "pt"})  # fmt: skip
-    model.get_base_model().config.save_pretrained(folder)
+    config = model.get_base_model().config.to_dict()
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -338,7 +511,7 @@ def fuse(state: dict) -> dict:
             experts.setdefault((match["experts"], kind, leaf), {})[int(match["index"])] = tensor
         elif name.endswith(".router.linear.weight") or name.endswith(".router.linear.bias"):
             fused[name.replace(".router.linear.", ".router.")] = tensor
-        else:
+        elif ".experts." not in name:  # Unsloth's split classes keep empty fused buffers beside the Linears
             fused[name] = tensor
     for (owner, kind, leaf), tensors in experts.items():
         stacked = torch.stack([tensors[e] for e in sorted(tensors)])
@@ -355,125 +528,116 @@ def reference(model, tokenizer):
     return models.reference_logprobs(model, tokenizer, inputs, seed=0)
 
 
-@pytest.mark.parametrize("split", [True, False], ids=["4-bit layout", "bf16 layout"])
-def test_the_merged_check_passes_a_true_merge_and_fails_a_merge_without_the_expert_lora(tiny, tmp_path, split, caplog):
-    model, tokenizer = trained_model(tiny, split)
+@pytest.mark.parametrize("split", [True, False], ids=["4-bit default", "bf16 preset"])
+def test_the_merged_check_passes_a_true_merge_and_fails_one_without_the_experts_lora(tiny, tmp_path, split, caplog):
+    """The experts' LoRA carries the adapters' effect here; a merge that drops it (unsloth-zoo issue 885) keeps
+    none of it. On the 4-bit default the trained model computes through NF4 kernels and the merge holds the
+    dequantized weights: adapters that move it more (share 1) stand clear of that difference."""
+    model, tokenizer = trained_model(tiny, split, share=1.0 if split else 0.3, attention=False)
     expected = reference(model, tokenizer)
     good = merged_checkpoint(model, tokenizer, tmp_path / "good")
-    bad = merged_checkpoint(model, tokenizer, tmp_path / "bad", drop_expert_lora=True)
+    bad = merged_checkpoint(model, tokenizer, tmp_path / "bad", drop="experts")
     use_split_experts(False)
     with caplog.at_level(logging.INFO, logger="train_2048.models"):
-        assert models.verify_merged(good, expected)
+        assert models.verify_merged(good, expected), caplog.text
         assert not models.verify_merged(bad, expected)
-    assert "is the trained model" in caplog.text and "it is not the trained model" in caplog.text
+    assert "is the trained model" in caplog.text and "it lost part of the adapters' effect" in caplog.text
 
 
-def test_the_merged_check_fails_a_checkpoint_transformers_cannot_load(tiny, tmp_path, caplog):
-    """A split-layout checkpoint (what Unsloth's own 4-bit classes would load, and transformers' not) is refused."""
+@pytest.mark.parametrize("share", [0.1, 0.01], ids=["effect ~3e-4", "effect ~6e-7"])
+def test_the_merged_check_fails_a_merge_that_lost_adapters_however_little_they_move_the_model(tiny, tmp_path, share,
+                                                                                            caplog):  # fmt: skip
+    """Adapters that move the model by far less than the KL tolerance (a healthy GRPO run's band, and far below): a
+    merge that lost every LoRA fails. The true merge passes while the adapters' change stands above a 16-bit
+    weight's last digit; below it (share 0.01: LoRA changes of ~1% of a weight, rounded to 16 bits), rounding the
+    merged weights moves the model ~100 times more than the adapters do, and the check refuses to vouch for it
+    rather than call it the trained model."""
+    model, tokenizer = trained_model(tiny, split=False, share=share)
+    expected = reference(model, tokenizer)
+    effect = models.mean_kl(expected["trained"], expected["base"])
+    assert 0 < effect < models.MERGED_KL_TOLERANCE / 10
+    good = merged_checkpoint(model, tokenizer, tmp_path / "good")
+    lost = merged_checkpoint(model, tokenizer, tmp_path / "lost", drop="all")
+    with caplog.at_level(logging.INFO, logger="train_2048.models"):
+        assert not models.verify_merged(lost, expected)
+        assert "it lost part of the adapters' effect" in caplog.text
+        assert models.verify_merged(good, expected) is (share == 0.1), caplog.text
+    said = caplog.text.splitlines()[-1]
+    assert "it is the trained model" in said if share == 0.1 else "too uncertain to vouch for" in said
+
+
+def test_the_merged_check_fails_a_checkpoint_transformers_cannot_load(tiny, caplog):
+    """A split-layout checkpoint (what Unsloth's own split classes load, and transformers' not) is refused."""
     model, tokenizer = trained_model(tiny, split=False)
     expected = reference(model, tokenizer)
-    use_split_experts(False)
-    assert not models.verify_merged(split_folder(tiny), expected)
+    assert not models.verify_merged(split_16bit(tiny), expected)
     assert "does not load as the trained model" in caplog.text and "missing keys" in caplog.text
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["bf16 layout", "4-bit layout"])
-def test_unsloths_own_merged_save_goes_through_the_check(tiny, tmp_path, monkeypatch, split, caplog):
-    """Unsloth's save_pretrained_merged itself (its one GPU query, whether the card is a T4, answered "CPU"), then
-    the check in a fresh process. From the fused BF16 layout it writes the trained model, and the check says so. From a
-    local split checkpoint (the tiny one here, unquantized) it writes the split layout back, which transformers cannot
-    load: the check refuses it, and train_2048 would exit 1 (from the hub's 4-bit checkpoint Unsloth merges into the
-    16-bit original instead: on a GPU, bench/gpu_matrix.sh)."""
-    import unsloth.save
-
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args, **kwargs: "CPU")
-    model, tokenizer = trained_model(tiny, split)
+def test_unsloths_own_merged_save_goes_through_the_check(tiny, tmp_path, caplog):
+    """Unsloth's save_pretrained_merged itself from the BF16 preset's load (the local 16-bit checkpoint), then the
+    check in a fresh process: it is the trained model."""
+    model, tokenizer = trained_model(tiny, split=False)
     expected = reference(model, tokenizer)
-    unsloth.save.patch_saving_functions(model)
     model.save_pretrained_merged(str(tmp_path / "merged"), tokenizer, save_method="merged_16bit")
-    use_split_experts(False)
     with caplog.at_level(logging.INFO, logger="train_2048.models"):
-        assert models.verify_merged(tmp_path / "merged", expected) is not split
-    assert ("does not load as the trained model" if split else "it is the trained model") in caplog.text
+        assert models.verify_merged(tmp_path / "merged", expected)
+    assert "it is the trained model" in caplog.text
+
+
+def test_unsloth_refuses_to_merge_the_local_4bit_checkpoint(tiny, tmp_path):
+    """Why train_2048 refuses merged_16bit on a local 4-bit checkpoint at startup: Unsloth's own merge raises."""
+    model, tokenizer = trained_model(tiny, split=True)
+    with pytest.raises(RuntimeError, match="16bit or mxfp4 base model"):
+        model.save_pretrained_merged(str(tmp_path / "merged"), tokenizer, save_method="merged_16bit")
+    with pytest.raises(ValueError, match=r"4-bit \(nf4\)"):
+        models.unsloth_merge_source(str(split_4bit(tiny)), True)
+    assert models.unsloth_merge_source(str(tiny), True) == f"{tiny}'s own weights (a local 16-bit checkpoint)"
 
 
 # --- the default's adapter, evaluated -----------------------------------------------------------------------------
 
 
-def test_a_default_run_adapter_maps_onto_fused_experts_as_the_same_function(tiny, default_runs):
-    """Every expert's LoRA applied on transformers' fused experts: the same logits as the split model it trained on
-    (and not the base's)."""
+@pytest.fixture
+def moved_default_adapter(default_runs, tmp_path):
+    """The default run's final/ (as Unsloth saved it) with every LoRA B drawn (one step leaves it near a no-op)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    final = tmp_path / "final"
+    shutil.copytree(default_runs["true"] / "final", final)
+    tensors = load_file(str(final / "adapter_model.safetensors"))
+    generator = torch.Generator().manual_seed(3)
+    tensors = {k: torch.randn(v.shape, generator=generator) * 0.3 if "lora_B" in k else v for k, v in tensors.items()}
+    save_file(tensors, str(final / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return final
+
+
+def test_a_default_run_adapter_maps_onto_fused_experts_as_the_same_function(tiny, moved_default_adapter):
+    """Every expert's LoRA of the adapter as Unsloth saved it (target_modules a pattern) applied on transformers'
+    fused experts: the same logits as on the split model it trained on (16-bit here), and not the base's."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    final = default_runs["true"] / "final"
-    with torch.no_grad():  # the trained adapter is nearly a no-op after one step: give every expert's LoRA weight
-        from safetensors.torch import load_file, save_file
-
-        tensors = load_file(str(final / "adapter_model.safetensors"))
-        torch.manual_seed(3)
-        tensors = {k: torch.randn_like(v) * 0.3 if "lora_B" in k else v for k, v in tensors.items()}
-        save_file(tensors, str(final / "adapter_model.safetensors"), metadata={"format": "pt"})
-    ids = torch.tensor([[5, 9, 13, 17, 21, 25, 29, 33]])
     use_split_experts(True)
-    split = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(split_folder(tiny)), final).eval()
-    expected = split(input_ids=ids).logits
+    split = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(split_16bit(tiny)), moved_default_adapter)
+    expected = logits_of(split.eval(), IDS)
+    assert sum(1 for name, _ in split.named_modules() if models.SPLIT_EXPERT.match(name.removesuffix(".base_layer"))
+               and name.endswith("base_layer")) == 16  # fmt: skip  (PEFT found every expert through the pattern)
     use_split_experts(False)
-    fused = models.attach_split_expert_lora(AutoModelForCausalLM.from_pretrained(tiny), final).eval()
-    got = fused(input_ids=ids).logits
+    fused = models.attach_split_expert_lora(AutoModelForCausalLM.from_pretrained(tiny), moved_default_adapter).eval()
+    got = logits_of(fused, IDS)
     with fused.disable_adapter():
-        base = fused(input_ids=ids).logits
-    assert torch.allclose(got, expected, atol=1e-5) and not torch.allclose(base, expected, atol=1e-2)
+        base = logits_of(fused, IDS)
+    assert torch.allclose(got, expected, atol=1e-4) and not torch.allclose(base, expected, atol=1e-2)
 
 
-def test_evaluate_runs_a_default_run_adapter_in_a_fresh_process(tiny, default_runs, tmp_path):
+def test_evaluate_runs_a_default_run_adapter_in_a_fresh_process(tiny, moved_default_adapter, tmp_path):
     result = subprocess.run(
-        [sys.executable, str(REPO / "evaluate_2048.py"), "--adapter", str(default_runs["true"] / "final"), "--model",
-         str(tiny), "--samples", "2", "--games", "1", "--max_new_tokens", "8", "--no-baselines", "--output_dir",
-         str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600,
+        [sys.executable, str(REPO / "evaluate_2048.py"), "--adapter", str(moved_default_adapter), "--model", str(tiny),
+         "--samples", "2", "--games", "1", "--max_new_tokens", "8", "--no-baselines", "--output_dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "mapped onto the fused expert tensors" in result.stdout
-
-
-# --- the loader's options ------------------------------------------------------------------------------------------
-
-
-def test_lora_dropout_is_handled_alike_on_both_backends(tiny, monkeypatch, caplog):
-    """PEFT cannot apply dropout to a LoRA on a tensor: on fused experts both loaders set it to 0 with a warning
-    (Unsloth's BF16 path raised in PEFT); Unsloth's split experts are Linear layers and keep it."""
-    import unsloth
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import ModelConfig
-
-    asked = {}
-
-    def from_pretrained(model_name, **kwargs):
-        return AutoModelForCausalLM.from_pretrained(model_name), AutoTokenizer.from_pretrained(model_name)
-
-    def get_peft_model(model, **kwargs):
-        asked.update(kwargs)
-        return model
-
-    monkeypatch.setattr(unsloth.FastLanguageModel, "from_pretrained", from_pretrained)
-    monkeypatch.setattr(unsloth.FastLanguageModel, "get_peft_model", get_peft_model)
-    args = ModelConfig(model_name_or_path=str(tiny), use_peft=True, lora_dropout=0.1,
-                       lora_target_modules=["q_proj", "gate_proj", "up_proj", "down_proj"])  # fmt: skip
-    models.load_model(str(tiny), args, backend="unsloth", trainable=True)
-    assert asked["lora_dropout"] == 0.0 and "cannot use dropout" in caplog.text
-    fused, _ = models.load_model(str(tiny), args, backend="transformers", trainable=True)
-    assert fused.peft_config["default"].lora_dropout == 0.0
-    use_split_experts(True)
-    split = AutoModelForCausalLM.from_pretrained(split_folder(tiny))
-    assert models.lora_dropout(split, args.lora_target_modules, 0.1) == 0.1
-    use_split_experts(False)
-
-
-def test_the_unsloth_modes_are_bound_as_unsloths_loader_binds_them(tiny):
-    """The stand-in's one piece of glue, checked against the state Unsloth's trainer reads."""
-    model, _ = unsloth_model(tiny, split=False)
-    assert model._unsloth_gradient_checkpointing == "unsloth" and callable(model.for_training)
-    model.for_inference()
-    assert not model.training
-    bind_unsloth_modes(model, False)
-    assert model.training and not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
