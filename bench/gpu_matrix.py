@@ -61,7 +61,11 @@ COMPILE_24_S = 90  # the fast path's first decode: torch.compile and CUDA graphs
 TRAINER_S = 10  # LoRA, the trainer, the sandbox: the rest of a run's start
 SAVE_CHECK_S = 15  # the LoRA save and its check at the end of a run
 INSTALL_S = 30  # .gpu-wheels/install.sh: the wheels and its import check
-TINY_RUN_S = 150  # call 1's first item: a tiny build quantized, a run's start, 2 steps, merged save, fresh check
+# Call 1's tiny runs, guessed from the turn-2 tiny run (~150 s with a merged save and its fresh-process check, ~40 s of
+# them): the default's (a build quantized, a run's start, 2 steps, the adapters' save checked) and BF16's (no
+# quantizing; the merged save and its check in a fresh process).
+TINY_RUN_S = 115
+MERGED_RUN_S = 130
 
 
 def size_share(layers: int) -> float:
@@ -92,7 +96,7 @@ class Item:
     id: str
     what: str
     command: list[str]
-    kind: str  # setup | build | default | mxfp4 | grpo | decode | suite | check: how the result is judged
+    kind: str  # setup | build | default | merged | refusal | grpo | decode | suite | check: how the result is judged
     estimate_s: float  # the whole item on an H100, its window included
     window_s: float = 0.0  # the part timed alone on the machine
     needs: tuple[str, ...] = ()
@@ -105,6 +109,7 @@ class Item:
     tokens: int | None = None  # completion tokens of a GRPO step
     steps: int = 2
     links: tuple[tuple[str, str], ...] = ()  # (link, target) made before it starts: built models in its own folder
+    expect: str = ""  # a refusal: a word its one line must hold
 
 
 @dataclass
@@ -232,18 +237,36 @@ def call_1(p: Places) -> list[Item]:
     """Whether `python train_2048.py` works and how fast: (a) the default's own path on a tiny model in its own
     layout, (b) the 20B geometry at 2 and 4 layers for the 4-bit default and BF16, extrapolated to 24; (c) the table."""
     default = Item("1.1", "the default on a tiny model in its own layout: Unsloth's loader and get_peft_model, 2 GRPO "
-                   "steps with fast generation, the merged_16bit save and its fresh-process check",
-                   gpu_check(p, "--geometry", "tiny", "--preset", "gpt-oss-20b", "--steps", "2", "--save_method",
-                             "merged_16bit", "--workdir", str(p.work / "tiny"), "--json", str(p.out / "items/1.1.json"),
+                   "steps with fast generation, the adapters' save and its check",
+                   gpu_check(p, "--geometry", "tiny", "--preset", "gpt-oss-20b", "--steps", "2", "--save_method", "lora",
+                             "--workdir", str(p.work / "tiny"), "--json", str(p.out / "items/1.1.json"),
                              run=["--fast_generation", "true", *([] if p.cpu else ["--max_completion_length", "256"])],
                              tokenizer=[] if p.cpu else None),  # GPT-OSS's own on a CPU too (built from its cache)
                    "default", TINY_RUN_S, needs=() if p.cpu else ("1.0", "1.t"), run_dir=str(p.work / "tiny" / "run"),
                    json=str(p.out / "items/1.1.json"), preset="gpt-oss-20b")  # fmt: skip
+    # Unsloth merges only into 16-bit weights: the merged save is checked where it can run, on the same tiny weights
+    # loaded in BF16 (fused experts), and the default's local 4-bit checkpoint must be refused before training.
+    merged = Item("1.11", "merged_16bit through Unsloth on the tiny model in BF16: the save and its fresh-process check",
+                  gpu_check(p, "--geometry", "tiny", "--preset", "gpt-oss-20b-bf16", "--steps", "2", "--save_method",
+                            "merged_16bit", "--workdir", str(p.work / "tiny-bf16"), "--json",
+                            str(p.out / "items/1.11.json"),
+                            run=["--fast_generation", "true", *([] if p.cpu else ["--max_completion_length", "64"])],
+                            tokenizer=[] if p.cpu else None),
+                  "merged", MERGED_RUN_S, needs=() if p.cpu else ("1.0", "1.t"),
+                  run_dir=str(p.work / "tiny-bf16" / "run"), json=str(p.out / "items/1.11.json"),
+                  preset="gpt-oss-20b-bf16")  # fmt: skip
     config = ["--config", "configs/cpu-demo.yaml"] if p.cpu else []
     mxfp4 = Item("1.2", "--save_method mxfp4 refused at startup: one line, exit status 2",
                  [PY, "train_2048.py", *config, "--save_method", "mxfp4", "--output_dir", str(p.work / "mxfp4")],
-                 "mxfp4", IMPORT_UNSLOTH_S + 5, needs=() if p.cpu else ("1.0",))  # fmt: skip
-    items = [*setup_items(p, 1), default, mxfp4, *build_items(p, 1, DEPTHS, split=True)]
+                 "refusal", IMPORT_UNSLOTH_S + 5, needs=() if p.cpu else ("1.0",), expect="mxfp4" if p.cpu else
+                 "llm-compressor")  # fmt: skip
+    refused_merge = Item("1.12", "--save_method merged_16bit on the default's local 4-bit checkpoint refused at startup: "
+                         "one line, exit status 2", [PY, "train_2048.py", "--model_name_or_path",
+                         str(p.work / "tiny" / "gpt-oss-tiny-all-split-4bit"), "--save_method", "merged_16bit",
+                         "--output_dir", str(p.work / "merged-refused")], "refusal", IMPORT_UNSLOTH_S + 5,
+                         needs=("1.1",), expect="4-bit")  # fmt: skip
+    items = [*setup_items(p, 1), default, merged, mxfp4, *([] if p.cpu else [refused_merge]),
+             *build_items(p, 1, DEPTHS, split=True)]  # fmt: skip
     n = 3
     for preset in PRESETS:  # the default first: whether it works and how fast matters most
         for layers in DEPTHS:
@@ -294,10 +317,11 @@ def call_4(p: Places) -> list[Item]:
                           run=["--fast_generation", "true", "--max_completion_length", "256", *extra]),
                           "check", 120, needs=("4.0", "4.t"), json=str(p.out / "items" / f"{id_}.json"),
                           run_dir=str(p.work / f"run-{id_}" / "run")))  # fmt: skip
-    items.append(Item("4.9", "2 layers of the 20B geometry, the default (split 4-bit), save merged_16bit (unsloth-zoo "
-                      "885): its fresh-process check", gpu_check(p, "--geometry", "20b", "--layers", "2", "--steps", "2",
-                      "--preset", "gpt-oss-20b", "--save_method", "merged_16bit", "--workdir", str(p.work / "run-4.9"),
-                      "--json", str(p.out / "items/4.9.json"), run=["--max_completion_length", "64"]),
+    items.append(Item("4.9", "2 layers of the 20B geometry in BF16, save merged_16bit through Unsloth: its fresh-process "
+                      "check at the real widths (the default's local 4-bit checkpoint is refused: 1.12)",
+                      gpu_check(p, "--geometry", "20b", "--layers", "2", "--steps", "2", "--preset", "gpt-oss-20b-bf16",
+                                "--save_method", "merged_16bit", "--workdir", str(p.work / "run-4.9"), "--json",
+                                str(p.out / "items/4.9.json"), run=["--max_completion_length", "64"]),
                       "check", 200, needs=("4.0", "4.t"), json=str(p.out / "items/4.9.json"),
                       run_dir=str(p.work / "run-4.9" / "run")))  # fmt: skip
     items.append(Item("4.10", "evaluate_2048.py --adapter on 4.5's adapter (a LoRA per split expert) in a fresh process",
@@ -325,7 +349,9 @@ def call_5(p: Places) -> list[Item]:
 
 
 CALLS = {1: call_1, 2: call_2, 3: call_3, 4: call_4, 5: call_5}
-JOBS = {4: 8}  # items at once on a GPU (else 5: the most 2-4-layer runs that share 80 GB); call 4's are CPU-bound
+# Items at once on a GPU: 5, the most 2-4-layer runs of the 20B geometry that share 80 GB; call 1 has a sixth slot for
+# its two tiny runs (the default's and BF16's merge: megabytes of GPU memory); call 4's are CPU-bound.
+JOBS = {1: 6, 4: 8}
 
 
 def with_needs(items: list[Item], only: set[str]) -> list[Item]:
@@ -584,17 +610,16 @@ def judge(item: Item, rc: int, log: Path, p: Places) -> dict:
     result = load_json(item.json) if item.json else None
     problems = [] if rc == 0 else [f"exit status {rc}"]
     figure = ""
-    if item.kind == "mxfp4":  # Unsloth's banner may come first (stdout); the refusal is the last line
+    if item.kind == "refusal":  # Unsloth's banner may come first (stdout); the refusal is the last line
         said = [line for line in tail[1:] if line.strip()]
-        wanted = "mxfp4" if p.cpu else "llm-compressor"
-        refused = rc == 2 and said and wanted in said[-1] and not any("Traceback" in line for line in said)
+        refused = rc == 2 and said and item.expect in said[-1] and not any("Traceback" in line for line in said)
         problems = [] if refused else [f"exit status {rc}, said {said[-3:]}"]
         figure = said[-1][:200] if said else "nothing said"
     elif item.kind == "install":  # install.sh's own status is its last echo's: its import check says more
         said = [line for line in tail if line.startswith("gpu set:")]
         problems += [] if said else ["the GPU set does not import (no 'gpu set:' line)"]
         figure = said[0] if said else (tail[-1] if tail else "")
-    elif item.kind in ("default", "grpo", "check"):
+    elif item.kind in ("default", "merged", "grpo", "check"):
         metrics = run_metrics(item.run_dir)
         if not result or result.get("failed"):
             problems.append("no results from gpu_check")
@@ -611,9 +636,11 @@ def judge(item: Item, rc: int, log: Path, p: Places) -> dict:
                     problems.append(f"layout: {result.get('experts')}")
                 if result.get("backend") != "unsloth":
                     problems.append(f"backend {result.get('backend')}, not unsloth")
-            if item.kind == "default":
-                if not any("final-merged_16bit" in c for c in result.get("save_checks", [])):
-                    problems.append("the merged_16bit save was not verified")
+            checks = result.get("save_checks", [])
+            if item.kind == "default" and not any("/final:" in c for c in checks):
+                problems.append("the adapters' save was not verified")
+            if item.kind == "merged" and not any("final-merged_16bit" in c for c in checks):
+                problems.append("the merged_16bit save was not verified")
             last = metrics[-1] if metrics else {}
             figures = {k.split("/")[1][:-2]: last.get(k) for k in ("time/step_s", "time/generate_s", "time/rewards_s",
                        "time/logprobs_and_backward_s", "time/optimizer_s")}  # fmt: skip

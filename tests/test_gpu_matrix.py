@@ -62,9 +62,15 @@ def test_call_1_fits_420_s_by_the_turn_2_figures_and_so_does_every_later_call(tm
 def test_call_1_asks_what_the_issue_asks_in_its_order(tmp_path):
     items = gpu_matrix.call_1(gpu_places(tmp_path))
     kinds = [i.kind for i in items if i.kind not in gpu_matrix.SETUP + ("build",)]
-    assert kinds == ["default", "mxfp4"] + ["grpo"] * 4 + ["decode"] * 4
+    assert kinds == ["default", "merged", "refusal", "refusal"] + ["grpo"] * 4 + ["decode"] * 4
     default = " ".join(items[3].command)
-    assert "--geometry tiny --preset gpt-oss-20b --steps 2 --save_method merged_16bit" in default
+    assert "--geometry tiny --preset gpt-oss-20b --steps 2 --save_method lora" in default
+    # Unsloth merges only into 16-bit weights: the merge is checked on the tiny weights in BF16, and the default's own
+    # local 4-bit checkpoint must be refused before training (the tier tests that refusal on the CPU)
+    merged, refused = (next(i for i in items if i.id == n) for n in ("1.11", "1.12"))
+    assert "--preset gpt-oss-20b-bf16 --steps 2 --save_method merged_16bit" in " ".join(merged.command)
+    assert refused.kind == "refusal" and refused.needs == ("1.1",) and refused.expect == "4-bit"
+    assert "tiny/gpt-oss-tiny-all-split-4bit --save_method merged_16bit" in " ".join(refused.command)
     assert "--fast_generation true" in default and "--layout" not in default  # the default's own (split) layout
     decode = [i for i in items if i.kind == "decode"]
     assert {(i.preset, i.layers) for i in decode} == {(p, d) for p in gpu_matrix.PRESETS for d in (2, 4)}
@@ -183,7 +189,7 @@ def test_a_step_that_fell_back_to_model_generate_fails_with_its_reason(tmp_path)
 
 def test_the_mxfp4_refusal_passes_after_unsloths_banner_but_not_after_a_traceback(tmp_path):
     p = gpu_places(tmp_path)
-    item = next(i for i in gpu_matrix.call_1(p) if i.kind == "mxfp4")
+    item = next(i for i in gpu_matrix.call_1(p) if i.id == "1.2")
     log = tmp_path / "log"
     refusal = (
         "train_2048: --save_method mxfp4: Unsloth writes it with llm-compressor, which needs transformers <= 4.57.6"
@@ -193,6 +199,19 @@ def test_the_mxfp4_refusal_passes_after_unsloths_banner_but_not_after_a_tracebac
     log.write_text(f"$ cmd\nTraceback (most recent call last):\n{refusal}\n")
     assert gpu_matrix.judge(item, 2, log, p)["status"] == "FAIL"
     assert gpu_matrix.judge(item, 1, log, p)["status"] == "FAIL"
+
+
+def test_the_merge_refusal_on_the_4bit_checkpoint_passes_only_as_one_line_before_training(tmp_path):
+    p = gpu_places(tmp_path)
+    item = next(i for i in gpu_matrix.call_1(p) if i.id == "1.12")
+    log = tmp_path / "log"
+    refusal = ("train_2048: --save_method merged_16bit: /w/tiny/gpt-oss-tiny-all-split-4bit is stored in 4-bit (nf4), "
+               "and Unsloth merges only into 16-bit weights; save lora, or train from a 16-bit checkpoint")  # fmt: skip
+    log.write_text(f"$ cmd\n{refusal}\n")
+    assert gpu_matrix.judge(item, 2, log, p)["status"] == "PASS"
+    assert gpu_matrix.judge(item, 0, log, p)["status"] == "FAIL", "a run that trained is no refusal"
+    log.write_text("$ cmd\ntrain_2048: --save_method mxfp4: Unsloth writes it with llm-compressor\n")
+    assert gpu_matrix.judge(item, 2, log, p)["status"] == "FAIL", "another refusal is not this one"
 
 
 def test_the_targets_table_judges_the_extrapolated_figures():
@@ -273,7 +292,7 @@ def test_the_dry_run_shows_each_call_its_plan_and_the_next(tmp_path):
     assert r.returncode == 0, r.stderr
     for call in gpu_matrix.CALLS:
         assert re.search(rf"# call {call}: ~\d+ s by the estimates \(\d at once\), fits 420 s", r.stdout), call
-    assert "bench/gpu_check.py --geometry tiny --preset gpt-oss-20b --steps 2 --save_method merged_16bit" in r.stdout
+    assert "bench/gpu_check.py --geometry tiny --preset gpt-oss-20b --steps 2 --save_method lora" in r.stdout
     assert "\nnext: call " in r.stdout and not (tmp_path / "o").exists(), "a dry run writes nothing"
 
 
@@ -296,13 +315,13 @@ def test_call_1_on_the_cpu_runs_every_item_and_writes_its_table(tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     result = json.loads((out / "call1-results.json").read_text())
     status = {i["id"]: i["status"] for i in result["items"]}
-    assert set(status.values()) == {"PASS"} and len(status) == 12, status
+    assert set(status.values()) == {"PASS"} and len(status) == 13, status
     default = result["items"][0]
     assert default["id"] == "1.1" and default["fast_path"] == [1.0, 1.0]
     figures = default["figures"]
     parts = [figures[p] for p in ("generate", "rewards", "logprobs_and_backward", "optimizer")]
     assert figures["generate"] > 0 and sum(parts) == pytest.approx(figures["step"], rel=0.2)
-    assert "final-merged_16bit" in default["figure"]
+    assert "/final:" in default["figure"]
     report = json.loads((out / "items" / "1.1.json").read_text())  # gpu_check's own record of the run
     assert (report["steps"], report["steady_steps"], report["preset"], report["device"]) == (2, 1, "gpt-oss-20b", "cpu")
     assert report["tokenizer"] == "gpt-oss" and report["save_problems"] == []
@@ -310,6 +329,7 @@ def test_call_1_on_the_cpu_runs_every_item_and_writes_its_table(tmp_path):
     assert built["model_type"] == "gpt_oss" and built["vocab_size"] == 201088
     assert "| whole step (median, s) |" in (out / "logs" / "1.1.log").read_text()
     items = {i["id"]: i for i in result["items"]}
+    assert "final-merged_16bit" in items["1.11"]["figure"] and items["1.11"]["preset"] == "gpt-oss-20b-bf16"
     assert all(items[i]["window_s"] for i in items if items[i]["kind"] in ("grpo", "decode")), "each was timed alone"
     assert {(i["preset"], i["layers"]) for i in result["items"] if i["kind"] == "decode"} == {
         (p, d) for p in gpu_matrix.PRESETS for d in (2, 4)
@@ -322,7 +342,7 @@ def test_call_1_on_the_cpu_runs_every_item_and_writes_its_table(tmp_path):
         "generation/fast_path = 1 on every step of the default",
     ]
     assert r.stdout.rstrip().endswith(table.rstrip().splitlines()[-1]), "the table is printed last"
-    assert (out / "call1.log").read_text().count("PASS in") == 12
+    assert (out / "call1.log").read_text().count("PASS in") == 13
     with tarfile.open(out / "call1-logs.tar.gz") as tar:
         names = tar.getnames()
     assert "logs/1.1.log" in names and "runs/1.3/metrics.jsonl" in names
