@@ -536,3 +536,13 @@ def test_make_test_runs_the_unsloth_tier_in_a_process_of_its_own(tmp_path):
     runs = [line for line in make_dry_run(tmp_path, "test", stamped=True) if "-m pytest" in line]
     assert len(runs) == 2 and "tests/unsloth" not in runs[0] and "TRAIN2048_UNSLOTH_TIER" not in runs[0]
     assert runs[1].startswith("TRAIN2048_UNSLOTH_TIER=1 ") and runs[1].endswith(" tests/unsloth")
+
+
+def test_the_main_run_never_imports_unsloth():
+    """`make test`'s main run keeps the Unsloth tier out of its process: Unsloth patches transformers, PEFT and TRL as
+    it is imported, and the tier's conftest.py turns torch.compile off (TORCHDYNAMO_DISABLE), which would leave the
+    main suite's compile tests testing nothing."""
+    if os.environ.get("TRAIN2048_UNSLOTH_TIER") == "1":
+        pytest.skip("the tier's own run")
+    assert "unsloth" not in sys.modules and "unsloth_zoo" not in sys.modules
+    assert "TORCHDYNAMO_DISABLE" not in os.environ
