@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -363,14 +364,14 @@ def test_verify_tensors_reads_a_merged_save_shard_by_shard(tmp_path):
 # --- setup errors: one line on stderr, exit 2, no traceback, nothing written ---------------------------------
 
 
-def run(*args, cwd=REPO):
+def run(*args, env=None):
     return subprocess.run(
         [sys.executable, str(REPO / "train_2048.py"), *args],
-        cwd=cwd,
+        cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})},
     )
 
 
@@ -395,13 +396,65 @@ def usage_error(result, *words):
         assert word in lines[-1], lines[-1]
 
 
-@pytest.fixture
-def out(tmp_path):
-    return tmp_path / "out"
+BAD_OPTIONS = [
+    (["--no_such_flag", "1"], ["--no_such_flag"]),
+    (["--max_steps", "many"], ["--max_steps", "many"]),
+    (["--save_method", "zip"], ["--save_method", "zip"]),
+    (["--profile", "easy"], ["--profile"]),
+    (["--games", "0"], ["games"]),
+    (["--eval_strategy", "sometimes"], ["eval_strategy", "sometimes"]),
+    (["--eval_samples", "0"], ["--eval_samples"]),
+    (["--eval_games", "0"], ["--eval_games"]),
+    (["--max-step", "3"], ["--max-step"]),  # never abbreviated
+]
+UNREADABLE_CONFIGS = [None, "a: [unclosed\n", "- just\n- a list\n"]
 
 
-def test_help_is_readable_and_lists_our_options():
-    result = run("--help")
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+    """Every command line of the tests below, started together, three at a time: each is a fresh process that spends
+    ~11 s of a 2-core machine importing torch, transformers and TRL before it can fail, so one after another they
+    took ~4 minutes of CI. A test waits for its own: `cli[name]` is (its output folder, which must stay absent; the
+    finished process)."""
+    root = tmp_path_factory.mktemp("cli")
+    cases = {"help": (["--help"], None)}
+    for i, (args, _) in enumerate(BAD_OPTIONS):
+        cases[f"bad-option-{i}"] = (["--config", DEMO, *args], None)
+    config = root / "unknown-key.yaml"
+    config.write_text(Path(DEMO).read_text() + "\nmax_stepz: 3\n")
+    cases["unknown-key"] = (["--config", str(config)], None)
+    for i, content in enumerate(UNREADABLE_CONFIGS):
+        config = root / f"unreadable-{i}.yaml"
+        if content is not None:
+            config.write_text(content)
+        cases[f"unreadable-{i}"] = (["--config", str(config)], None)
+    cases["no-model"] = (["--config", DEMO, "--model_name_or_path", str(root / "no-model")], None)
+    fake_checkpoint(root, 3, None)
+    cases["not-a-checkpoint"] = (["--config", DEMO, "--resume", str(root / "checkpoint-3")], None)
+    cases["gpt-oss-on-cpu"] = ([], None)
+    cases["mxfp4"] = (["--config", DEMO, "--save_method", "mxfp4"], None)
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "hf")}
+    cases["cannot-load"] = (["--config", DEMO, "--model_name_or_path", "nobody/no-such-model"], offline)
+    (root / "a-file").write_text("")
+    cases["unwritable"] = (["--config", DEMO, "--output_dir", str(root / "a-file" / "out")], None)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        started = {}
+        for name, (args, env) in cases.items():
+            out = root / name / "out"
+            if "--output_dir" not in args and name != "help":
+                args = [*args, "--output_dir", str(out)]
+            started[name] = (out, pool.submit(run, *args, env=env))
+        yield {name: (out, future.result) for name, (out, future) in started.items()}
+
+
+def finished(cli, name):
+    out, result = cli[name]
+    return out, result()
+
+
+def test_help_is_readable_and_lists_our_options(cli):
+    _, result = finished(cli, "help")
     assert result.returncode == 0
     for flag in ("--resume", "--save_method", "--warm_start", "--size", "--max_steps", "--lora_r", "--config"):
         assert flag in result.stdout
@@ -411,77 +464,57 @@ def test_help_is_readable_and_lists_our_options():
     assert "eval/win_rate" in " ".join(result.stdout.split())
 
 
-@pytest.mark.parametrize(
-    "args, words",
-    [
-        (["--no_such_flag", "1"], ["--no_such_flag"]),
-        (["--max_steps", "many"], ["--max_steps", "many"]),
-        (["--save_method", "zip"], ["--save_method", "zip"]),
-        (["--profile", "easy"], ["--profile"]),
-        (["--games", "0"], ["games"]),
-        (["--eval_strategy", "sometimes"], ["eval_strategy", "sometimes"]),
-        (["--eval_samples", "0"], ["--eval_samples"]),
-        (["--eval_games", "0"], ["--eval_games"]),
-        (["--max-step", "3"], ["--max-step"]),  # never abbreviated
-    ],
-)
-def test_bad_options_are_usage_errors(out, args, words):
-    result = run("--config", DEMO, "--output_dir", str(out), *args)
-    usage_error(result, *words)
+@pytest.mark.parametrize("case", range(len(BAD_OPTIONS)), ids=[" ".join(args) for args, _ in BAD_OPTIONS])
+def test_bad_options_are_usage_errors(cli, case):
+    out, result = finished(cli, f"bad-option-{case}")
+    usage_error(result, *BAD_OPTIONS[case][1])
     assert not out.exists()
 
 
-def test_unknown_yaml_key_is_a_usage_error(tmp_path, out):
-    config = tmp_path / "c.yaml"
-    config.write_text(Path(DEMO).read_text() + "\nmax_stepz: 3\n")
-    usage_error(run("--config", str(config), "--output_dir", str(out)), "max_stepz")
+def test_unknown_yaml_key_is_a_usage_error(cli):
+    out, result = finished(cli, "unknown-key")
+    usage_error(result, "max_stepz")
     assert not out.exists()
 
 
-@pytest.mark.parametrize("content", [None, "a: [unclosed\n", "- just\n- a list\n"])
-def test_unreadable_config(tmp_path, out, content):
-    config = tmp_path / "c.yaml"
-    if content is not None:
-        config.write_text(content)
-    one_line_error(run("--config", str(config), "--output_dir", str(out)), str(config))
+@pytest.mark.parametrize("case", range(len(UNREADABLE_CONFIGS)), ids=["missing", "bad-yaml", "a-list"])
+def test_unreadable_config(cli, case):
+    out, result = finished(cli, f"unreadable-{case}")
+    one_line_error(result, str(out.parents[1] / f"unreadable-{case}.yaml"))
     assert not out.exists()
 
 
-def test_unwritable_output_dir(tmp_path):
-    (tmp_path / "a-file").write_text("")
-    one_line_error(run("--config", DEMO, "--output_dir", str(tmp_path / "a-file" / "out")), "output_dir", "writable")
+def test_unwritable_output_dir(cli):
+    _, result = finished(cli, "unwritable")
+    one_line_error(result, "output_dir", "writable")
 
 
-def test_missing_model_path(tmp_path, out):
-    result = run("--config", DEMO, "--output_dir", str(out), "--model_name_or_path", str(tmp_path / "no-model"))
+def test_missing_model_path(cli):
+    out, result = finished(cli, "no-model")
     one_line_error(result, "no-model", "does not exist")
     assert not out.exists()
 
 
-def test_resume_from_something_that_is_not_a_checkpoint(tmp_path, out):
-    fake_checkpoint(tmp_path, 3, None)
-    result = run("--config", DEMO, "--output_dir", str(out), "--resume", str(tmp_path / "checkpoint-3"))
+def test_resume_from_something_that_is_not_a_checkpoint(cli):
+    out, result = finished(cli, "not-a-checkpoint")
     one_line_error(result, "checkpoint-3", "not a complete checkpoint")
     assert not out.exists()
 
 
-def test_gpt_oss_without_a_gpu_points_at_the_cpu_demo(out):
-    one_line_error(run("--output_dir", str(out)), "CUDA GPU", "configs/cpu-demo.yaml")
+def test_gpt_oss_without_a_gpu_points_at_the_cpu_demo(cli):
+    out, result = finished(cli, "gpt-oss-on-cpu")
+    one_line_error(result, "CUDA GPU", "configs/cpu-demo.yaml")
     assert not out.exists()
 
 
-def test_mxfp4_without_a_gpu_fails_at_startup(out):
-    one_line_error(run("--config", DEMO, "--output_dir", str(out), "--save_method", "mxfp4"), "mxfp4")
+def test_mxfp4_without_a_gpu_fails_at_startup(cli):
+    out, result = finished(cli, "mxfp4")
+    one_line_error(result, "mxfp4")
     assert not out.exists()
 
 
-def test_model_that_cannot_be_loaded(tmp_path, out):
-    env_offline = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HOME": str(tmp_path / "hf")}
-    result = subprocess.run(
-        [sys.executable, str(REPO / "train_2048.py"), "--config", DEMO, "--output_dir", str(out)]
-        + ["--model_name_or_path", "nobody/no-such-model"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, env=env_offline,
-    )  # fmt: skip
+def test_model_that_cannot_be_loaded(cli):
+    out, result = finished(cli, "cannot-load")
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("[transformers]")]
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert lines[-1].startswith("train_2048: cannot load model nobody/no-such-model"), result.stderr
