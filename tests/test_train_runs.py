@@ -27,6 +27,20 @@ def train(*args, timeout=600):
     )  # fmt: skip
 
 
+def signalled(out: Path, sig: int, at: str, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """A short run into out, sent sig as soon as its console prints a line starting with `at`; the rest of its
+    output is the caller's to read."""
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train_2048.py"), *SHORT, *SALT, "--output_dir", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True, env=ENV,
+    )  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith(at):
+            proc.send_signal(sig)
+            break
+    return proc
+
+
 def metrics(out: Path, kind: str = "reward") -> list[dict]:
     """metrics.jsonl's training lines, or with kind="eval_valid_rate" its --eval_steps lines."""
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -133,14 +147,7 @@ def test_saves_reload_and_sample_like_the_trained_model(full_run):
 def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(full_run, tmp_path):
     reference, _ = full_run
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "train_2048.py"), *SHORT, *SALT, "--output_dir", str(out)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-    )  # fmt: skip
-    for line in proc.stdout:
-        if line.startswith("step 1/4"):
-            proc.send_signal(signal.SIGINT)  # during step 2
-            break
+    proc = signalled(out, signal.SIGINT, at="step 1/4")  # during step 2
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
     stopped = metrics(out)[-1]["step"]
@@ -209,14 +216,7 @@ def test_kill_9_then_resume_continues_the_archive(full_run, tmp_path):
     uninterrupted run's, each strategy written as many times, from the same first step, with the same games."""
     reference, _ = full_run
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "train_2048.py"), *SHORT, *SALT, "--output_dir", str(out)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV,
-    )  # fmt: skip
-    for line in proc.stdout:
-        if line.startswith("step 3/4"):  # step 3 is recorded; checkpoint-2 is the last save
-            proc.kill()
-            break
+    proc = signalled(out, signal.SIGKILL, at="step 3/4", stderr=subprocess.DEVNULL)  # checkpoint-2 is the last save
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL and not (out / "checkpoint-4").exists()
     assert json.loads((out / "strategies" / "index.json").read_text())["step"] == 2  # the last save's copy, whole
