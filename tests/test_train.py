@@ -415,7 +415,7 @@ def cli(tmp_path_factory):
     """Every command line of the tests below, started together, three at a time: each is a fresh process that spends
     ~11 s of a 2-core machine importing torch, transformers and TRL before it can fail, so one after another they
     took ~4 minutes of CI. A test waits for its own: `cli[name]` is (its output folder, which must stay absent; the
-    finished process)."""
+    process's future)."""
     root = tmp_path_factory.mktemp("cli")
     cases = {"help": (["--help"], None)}
     for i, (args, _) in enumerate(BAD_OPTIONS):
@@ -445,12 +445,12 @@ def cli(tmp_path_factory):
             if "--output_dir" not in args and name != "help":
                 args = [*args, "--output_dir", str(out)]
             started[name] = (out, pool.submit(run, *args, env=env))
-        yield {name: (out, future.result) for name, (out, future) in started.items()}
+        yield started
 
 
 def finished(cli, name):
-    out, result = cli[name]
-    return out, result()
+    out, future = cli[name]
+    return out, future.result()
 
 
 def test_help_is_readable_and_lists_our_options(cli):
