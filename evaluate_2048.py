@@ -22,17 +22,16 @@ import json
 import random
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import evaluation
 import game2048
+import models  # the standard library only at import: the heavy imports wait until the options are checked
 import rewards
 import sandbox
 import strategies
 
-warnings.filterwarnings("ignore", category=SyntaxWarning)  # the GPU set's torchao, at import: never ours to act on
 DEFAULT_PRESET = Path(__file__).resolve().parent / "configs" / "gpt-oss-20b.yaml"  # train_2048.py's default
 
 
@@ -143,7 +142,6 @@ def file_source(path: str) -> evaluation.Source:
 
 def load_model(args: EvalArguments):
     """(model, tokenizer) from local files: a full model, or a base model with the LoRA adapter on top."""
-    import models  # the standard library only: the heavy imports wait until the options are checked
 
     base = args.model
     if args.adapter is not None and base is None:
@@ -424,6 +422,7 @@ def result_line(name: str, status: str, moves: int, score: int, max_tile: int, e
 
 
 def main(argv: list[str] | None = None) -> int:
+    models.quiet_library_imports()  # before trl, which imports bitsandbytes
     args, settings = parse_args(argv)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 log = logging.getLogger("train_2048.models")
@@ -48,6 +49,44 @@ FUSED_CHECKPOINT = {
 # vocabulary and positions (docs/PERF.md gives the tiny model's figures; 4-bit to 16-bit is measured on a GPU).
 MERGED_KL_TOLERANCE = 0.01
 MERGED_KEPT = (0.8, 1.2)
+
+
+def quiet_library_imports() -> None:
+    """Library noise at import never comes before our own one-line errors, on any CPU kind or GPU machine. Called by
+    each command before it imports trl (which imports peft, which imports bitsandbytes).
+
+    - The GPU set's libraries (torchao) compile with SyntaxWarnings: never the user's to act on.
+    - bitsandbytes (0.50), on a CPU with AVX512-BF16 (many Xeon and EPYC hosts, H100 machines included), looks for a
+      CPU kernel on the Hugging Face Hub at import (the `kernels` package) and logs a warning when it cannot. The
+      lookup is never made (bitsandbytes falls back to its own kernel, as on every other CPU) and the warning is
+      dropped; any other warning of that module still shows.
+    """
+    import importlib.util
+
+    warnings.filterwarnings("ignore", category=SyntaxWarning)
+    bnb_cpu_log = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    if not any(getattr(f, "__name__", "") == "_no_hub_kernel_warning" for f in bnb_cpu_log.filters):
+        bnb_cpu_log.addFilter(_no_hub_kernel_warning)
+    if "bitsandbytes" in sys.modules or importlib.util.find_spec("bitsandbytes") is None:
+        return
+    kernels = sys.modules.get("kernels", _MISSING)
+    sys.modules["kernels"] = None  # `from kernels import ...` raises ImportError: no Hub lookup at import
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as exc:  # a broken install is reported where it is used, in the library's own words
+        log.debug(f"bitsandbytes does not import: {exc}")
+    finally:
+        if kernels is _MISSING:
+            sys.modules.pop("kernels", None)
+        else:
+            sys.modules["kernels"] = kernels
+
+
+_MISSING = object()
+
+
+def _no_hub_kernel_warning(record: logging.LogRecord) -> bool:
+    return "gemm_4bit_forward from kernels-community" not in record.getMessage()
 
 
 def fresh(path: Path) -> Path:

@@ -32,7 +32,6 @@ import signal
 import socket
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -51,9 +50,6 @@ REAL_GPT_OSS = re.compile(r"gpt-oss-(20|120)b", re.I)  # checkpoints no CPU can 
 # (unsloth/save.py, _LLM_COMPRESSOR_MAX_TRANSFORMERS; tests/unsloth checks it): above it the save fails after training.
 MXFP4_MAX_TRANSFORMERS = "4.57.6"
 log = logging.getLogger("train_2048")
-# Libraries of the GPU set compile with SyntaxWarnings (torchao) at import: never the user's to act on, and printed
-# before our own one-line errors otherwise.
-warnings.filterwarnings("ignore", category=SyntaxWarning)
 
 
 @dataclass
@@ -596,6 +592,7 @@ def game_salt(settings, checkpoint: Path | None, state) -> str:
 
 
 def train(argv: list[str], backend: str, cuda: bool) -> int:
+    models.quiet_library_imports()  # before unsloth and trl, which import bitsandbytes
     if cuda:
         prepare_cuda()
     if backend == "unsloth":
