@@ -41,6 +41,7 @@ import demo_data
 import models
 import options
 import rewards
+import run_folder
 import sandbox
 
 HERE = Path(__file__).resolve().parent
@@ -370,7 +371,7 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
     problem = models.not_a_model(model_name) if model_name != models.TINY else None
     if problem:
         die(f"model path {model_name}: {problem}")
-    if not writable(output_dir):
+    if not run_folder.writable(output_dir):
         die(f"output_dir {output_dir} is not a writable directory")
     checkpoint, notes = resume_point(script_args, training_args, model_args, output_dir)
     notes += filter(None, [check_archive_games(script_args)])
@@ -404,27 +405,7 @@ def version_at_most(package: str, highest: str) -> bool:
     return Version(Version(importlib.metadata.version(package)).base_version) <= Version(highest)
 
 
-# --- the output folder and its checkpoints -------------------------------------------------------------------
-
-RUN_FILES = ("metrics.jsonl", "checkpoint-*", "final", "final-*", "strategies")  # a folder holding any holds a run
-# What --overwrite_output_dir deletes: everything a run writes into its output_dir (no other file there).
-WRITTEN_BY_A_RUN = (*RUN_FILES, "training.log", "runs", "sft", "tiny-model*", ".strategies-*", "final.*")
-
-
-def holds_a_run(output_dir: Path) -> bool:
-    return output_dir.is_dir() and any(any(output_dir.glob(pattern)) for pattern in RUN_FILES)
-
-
-def clear_run(output_dir: Path) -> None:
-    """--overwrite_output_dir: the earlier run's files go, so nothing of it mixes with the new one's."""
-    import shutil
-
-    for pattern in WRITTEN_BY_A_RUN:
-        for path in output_dir.glob(pattern):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+# --- the output folder and its checkpoints (run_folder.py reads them) -------------------------------------------
 
 
 def resume_point(script_args, training_args, model_args, output_dir: Path) -> tuple[Path | None, list[str]]:
@@ -433,84 +414,30 @@ def resume_point(script_args, training_args, model_args, output_dir: Path) -> tu
     resume = script_args.resume or training_args.resume_from_checkpoint
     checkpoint, skipped = None, []
     if resume == "auto":
-        for path in checkpoints(output_dir):
-            problem = checkpoint_damage(path)
+        for path in run_folder.checkpoints(output_dir):
+            problem = run_folder.checkpoint_damage(path)
             if problem is None:
                 checkpoint = path
                 break
             skipped.append(f"{path.name} is skipped: {problem}")
-        if checkpoint is None and holds_a_run(output_dir):
+        if checkpoint is None and run_folder.holds_a_run(output_dir):
             damaged = f" ({'; '.join(skipped)})" if skipped else ""
             die(f"--resume auto: {output_dir} holds a run but no checkpoint that can be loaded{damaged}; start over "
                 "with --overwrite_output_dir true, or give another --output_dir")  # fmt: skip
     elif resume:
         checkpoint = Path(resume)
-        problem = checkpoint_damage(checkpoint)
+        problem = run_folder.checkpoint_damage(checkpoint)
         if problem:
             die(f"--resume {resume}: not a checkpoint that can be loaded ({problem})")
-        if checkpoint.resolve().parent != output_dir.resolve() and holds_a_run(output_dir):
+        if checkpoint.resolve().parent != output_dir.resolve() and run_folder.holds_a_run(output_dir):
             die(f"output_dir {output_dir} holds another run than {checkpoint}'s: continue there (--output_dir "
                 f"{checkpoint.parent}) or give an empty --output_dir")  # fmt: skip
-    elif holds_a_run(output_dir) and not script_args.overwrite_output_dir:
+    elif run_folder.holds_a_run(output_dir) and not script_args.overwrite_output_dir:
         die(f"output_dir {output_dir} holds a run: continue it with --resume auto, start over with "
             "--overwrite_output_dir true (its files are deleted), or give another --output_dir")  # fmt: skip
     if checkpoint is not None:
         check_adapter_shape(checkpoint, model_args)
     return checkpoint, skipped
-
-
-def checkpoints(output_dir: Path) -> list[Path]:
-    """The folder's checkpoint-N folders, newest first."""
-    found = [(int(p.name[11:]), p) for p in output_dir.glob("checkpoint-*") if p.name[11:].isdigit()]
-    return [p for _, p in sorted(found, reverse=True)]
-
-
-def checkpoint_damage(path: Path) -> str | None:
-    """Why --resume could not load this checkpoint, read cheaply before the model loads (None: it can). What resume
-    reads: trainer_state.json, written last (transformers writes checkpoint-N in place, so a save cut short lacks
-    it), naming the folder's step; the weights, their safetensors header against the file's size; every torch file
-    (optimizer, scheduler, RNG state) whole, by its zip checksums."""
-    import zipfile
-
-    if not path.is_dir():
-        return f"{path} is not a folder"
-    try:
-        state = json.loads((path / "trainer_state.json").read_text())
-        step = state["global_step"]
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        return f"its trainer_state.json cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
-    match = re.fullmatch(r"checkpoint-(\d+)", path.name)
-    if match and step != int(match.group(1)):
-        return f"its trainer_state.json is of step {step}, not {match.group(1)}"
-    if (path / "adapter_config.json").is_file() and not any(path.glob("adapter_model.*")):
-        return "its adapters' weights (adapter_model.safetensors) are missing"
-    for file in sorted(path.glob("*.safetensors")):
-        problem = safetensors_damage(file)
-        if problem:
-            return f"{file.name} is damaged ({problem})"
-    for file in sorted([*path.glob("*.pt"), *path.glob("*.pth"), *path.glob("*.bin")]):
-        try:
-            with zipfile.ZipFile(file) as saved:
-                bad = saved.testzip()
-        except (OSError, zipfile.BadZipFile, EOFError, ValueError):
-            return f"{file.name} is damaged (not a whole torch file: cut short, or overwritten)"
-        if bad is not None:
-            return f"{file.name} is damaged (its part {bad} fails its checksum)"
-    return None
-
-
-def safetensors_damage(file: Path) -> str | None:
-    """What is wrong with a safetensors file's framing: a header that does not parse, or data it does not hold."""
-    try:
-        with open(file, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(size)) if 0 < size < 100_000_000 else None
-        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return "its header does not parse"
-    expected = 8 + size + max(ends, default=0)
-    actual = file.stat().st_size
-    return None if actual == expected else f"{actual} bytes where its header describes {expected}"
 
 
 def check_adapter_shape(checkpoint: Path, model_args) -> None:
@@ -530,64 +457,14 @@ def check_adapter_shape(checkpoint: Path, model_args) -> None:
 
 
 def compare_adapters(model, checkpoint: Path) -> None:
-    """The built model's adapters against the checkpoint's, tensor by tensor (names and shapes, from the file's
-    header): --lora_target_modules or --lora_modules_to_save that differ from the run's stop here, in one line,
-    not as a traceback in the optimizer's load or a resume that silently leaves some adapters fresh."""
-    from peft import get_peft_model_state_dict
-    from safetensors import safe_open
-
-    file = checkpoint / "adapter_model.safetensors"
-    if not hasattr(model, "peft_config") or not file.is_file():
-        return
-    ours = {name: tuple(t.shape) for name, t in get_peft_model_state_dict(model).items()}
-    with safe_open(str(file), framework="pt") as f:
-        theirs = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
-    if ours == theirs:
-        return
-    missing, extra = sorted(theirs.keys() - ours.keys()), sorted(ours.keys() - theirs.keys())
-    reshaped = sorted(n for n in ours.keys() & theirs.keys() if ours[n] != theirs[n])
-    detail = "; ".join(f"{what}: {len(names)} ({names[0]})" for what, names in
-                       (("saved, not in these adapters", missing), ("new here", extra),
-                        ("another shape", reshaped)) if names)  # fmt: skip
-    die(f"--resume: {checkpoint}'s adapters are not the ones these options build ({detail}); resume with the run's "
-        "own --lora_target_modules and --lora_modules_to_save, or start a new run in another --output_dir")
-
-
-def drop_later_metrics(metrics: Path, checkpoint: Path) -> None:
-    """A resume redoes the steps after its checkpoint: their earlier lines go (and a line cut short by a kill), so
-    metrics.jsonl stays one run's steps in order."""
-    step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
-    if not metrics.is_file():
-        return
-    kept = []
-    for line in metrics.read_text().splitlines(keepends=True):
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                kept.append(line)
-        except ValueError:
-            continue
-    tmp = metrics.with_name(metrics.name + ".tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, metrics)
-
-
-def writable(path: Path) -> bool:
-    """True when `path` is, or can be created as, a writable directory; creates nothing. Where it must be created, a
-    folder is made in the nearest existing one and removed: /proc passes a permission check and refuses every file."""
-    import tempfile
-
-    if path.is_dir():
-        return os.access(path, os.W_OK | os.X_OK)  # not probed: the folder of an earlier run stays as it was
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return False
-    try:
-        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".train_2048-"))
-    except OSError:
-        return False
-    return True
+    """The built model's adapters against the checkpoint's: --lora_target_modules or --lora_modules_to_save that
+    differ from the run's stop here, in one line, not as a traceback in the optimizer's load or a resume that silently
+    leaves some adapters fresh."""
+    differences = run_folder.adapter_differences(model, checkpoint)
+    if differences:
+        die(f"--resume: {checkpoint}'s adapters are not the ones these options build ({differences}); resume with "
+            "the run's own --lora_target_modules and --lora_modules_to_save, or start a new run in another "
+            "--output_dir")  # fmt: skip
 
 
 def check_archive_games(script_args) -> str | None:
@@ -850,7 +727,7 @@ def run_grpo(trainer, ctrl_c, checkpoint: Path | None) -> bool:
     except grpo.CheckpointError as exc:
         import shutil
 
-        if trainer.is_world_process_zero() and checkpoint_damage(exc.folder):
+        if trainer.is_world_process_zero() and run_folder.checkpoint_damage(exc.folder):
             shutil.rmtree(exc.folder, ignore_errors=True)  # a half-written one, and the space it held
         close_bars(trainer)
         die(f"cannot write {exc.folder} ({one_line(exc.__cause__)}): {last_complete(output_dir)}")
@@ -877,7 +754,7 @@ def one_line(exc: BaseException | None, limit: int = 200) -> str:
 
 def last_complete(output_dir: Path) -> str:
     """Where a stopped run stands: its last complete checkpoint, and how to go on."""
-    last = next((p for p in checkpoints(output_dir) if checkpoint_damage(p) is None), None)
+    last = run_folder.last_complete(output_dir)
     if last is None:
         return "no checkpoint was completed"
     return f"the last complete checkpoint, {last.name}, is intact: --resume auto continues from it once there is room"
@@ -918,7 +795,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
 
     state = PartialState()  # set up by GRPOConfig: one process, or this rank of an accelerate launch
     if script_args.overwrite_output_dir and state.is_main_process:
-        clear_run(output_dir)  # every check has passed: the user asked for this run to replace the earlier one
+        run_folder.clear_run(output_dir)  # every check has passed: the user asked for this run to replace the earlier one
     created = state.is_main_process and not output_dir.exists()
     start_logging(output_dir, state)
     log.info(f"train_2048: {model_args.model_name_or_path} on the {backend} backend, writing to {output_dir}")
@@ -931,7 +808,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     if checkpoint is not None:
         log.info(f"resuming from {checkpoint}")
         if state.is_main_process:
-            drop_later_metrics(output_dir / "metrics.jsonl", checkpoint)
+            run_folder.drop_later_metrics(output_dir / "metrics.jsonl", checkpoint)
     elif (script_args.resume or training_args.resume_from_checkpoint) == "auto":
         log.info("--resume auto: no checkpoint yet, starting at step 0")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import evaluate_2048
+import run_folder
 import train_2048
 
 REPO = Path(__file__).resolve().parent.parent
@@ -286,9 +287,9 @@ def test_overwrite_deletes_only_what_a_run_writes(tmp_path):
         (run / name).mkdir()
     (run / "notes.txt").write_text("mine")  # the user's own file in the same folder
     (run / "data").mkdir()
-    assert train_2048.holds_a_run(run)
-    train_2048.clear_run(run)
-    assert sorted(p.name for p in run.iterdir()) == ["data", "notes.txt"] and not train_2048.holds_a_run(run)
+    assert run_folder.holds_a_run(run)
+    run_folder.clear_run(run)
+    assert sorted(p.name for p in run.iterdir()) == ["data", "notes.txt"] and not run_folder.holds_a_run(run)
 
 
 def test_resume_auto_skips_damaged_checkpoints_and_names_them(tmp_path):
@@ -316,7 +317,7 @@ def test_metrics_of_redone_steps_are_dropped_on_resume(tmp_path):
     run = finished_run(tmp_path / "run")
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 5, "rew')  # a line cut short by kill -9
-    train_2048.drop_later_metrics(run / "metrics.jsonl", run / "checkpoint-2")
+    run_folder.drop_later_metrics(run / "metrics.jsonl", run / "checkpoint-2")
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 

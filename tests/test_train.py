@@ -13,6 +13,7 @@ import pytest
 import evaluation
 import models
 import rewards
+import run_folder
 import train_2048
 import trainer
 
@@ -188,11 +189,11 @@ def test_publish_replaces_a_folder_whole(tmp_path):
 
 
 def test_writable_creates_nothing(tmp_path):
-    assert train_2048.writable(tmp_path / "a" / "b")
+    assert run_folder.writable(tmp_path / "a" / "b")
     assert not (tmp_path / "a").exists() and list(tmp_path.iterdir()) == []
     (tmp_path / "file").write_text("")
-    assert not train_2048.writable(tmp_path / "file" / "out")
-    assert not train_2048.writable(Path("/proc/train_2048-out"))  # root passes /proc's permission check
+    assert not run_folder.writable(tmp_path / "file" / "out")
+    assert not run_folder.writable(Path("/proc/train_2048-out"))  # root passes /proc's permission check
 
 
 def test_short_line_shows_the_health_numbers():
