@@ -70,6 +70,13 @@ def place(tmp_path_factory):
     (checkpoint(root / "bare", 8) / "adapter_model.safetensors").unlink()
     (root / "empty").mkdir()
     (root / "a-file").write_text("")
+    (root / "says-nothing").mkdir()
+    (root / "says-nothing" / "config.json").write_text("{}")
+    from transformers import LlamaConfig
+
+    LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=2).save_pretrained(root / "damaged-weights")  # fmt: skip
+    (root / "damaged-weights" / "model.safetensors").write_bytes(b"not a tensor")
     (root / "adapter").mkdir()
     (root / "adapter" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "org/base"}))
     return root
@@ -160,6 +167,8 @@ TRAIN = [
     ("model-empty-folder", ["--model_name_or_path", "{root}/empty"], ["model path", "no config.json"]),
     ("model-a-file", ["--model_name_or_path", "{root}/a-file"], ["model path", "a file, not a model folder"]),
     ("model-an-adapter", ["--model_name_or_path", "{root}/adapter"], ["holds LoRA adapters", "org/base"]),
+    ("model-says-nothing", ["--model_name_or_path", "{root}/says-nothing"], ["cannot load model", "model_type"]),
+    ("model-damaged-weights", ["--model_name_or_path", "{root}/damaged-weights"], ["cannot load model", "header"]),
     ("output-under-a-file", ["--output_dir", "{root}/a-file/out"], ["output_dir", "not a writable directory"]),
     ("output-in-proc", ["--output_dir", "/proc/train_2048-out"], ["output_dir /proc/train_2048-out", "writable"]),
     ("resume-missing", ["--resume", "{root}/nowhere/checkpoint-3"], ["not a checkpoint that can be loaded"]),

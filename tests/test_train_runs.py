@@ -89,6 +89,9 @@ def test_console_and_log_have_a_short_line_per_step(full_run):
     log = (out / "training.log").read_text()
     assert "step 4/4  reward " in log and "warm start: SFT" in log
     assert "{'loss'" not in result.stdout  # the Trainer's metric dump is replaced by the short line
+    last = result.stdout.strip().splitlines()[-1]  # names a TensorBoard that runs from here: the venv's own
+    program = last.split("TensorBoard: ", 1)[1].split(" --logdir ")[0]
+    assert last.startswith("done after 4 steps.") and os.access(REPO / program, os.X_OK), last
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
     for m in metrics(out):  # the step split: generation, rewards, optimizer, archive, the rest (log-probs, backward)
         parts = [m[f"time/{p}_s"] for p in ("generate", "rewards", "optimizer", "archive", "logprobs_and_backward")]
