@@ -731,10 +731,9 @@ def run_grpo(trainer, ctrl_c, checkpoint: Path | None) -> bool:
             shutil.rmtree(exc.folder, ignore_errors=True)  # a half-written one, and the space it held
         close_bars(trainer)
         die(f"cannot write {exc.folder} ({one_line(exc.__cause__)}): {last_complete(output_dir)}")
-    except OSError as exc:  # metrics.jsonl, training.log, strategies/, TensorBoard's files
+    except OSError as exc:  # writing metrics.jsonl, training.log, strategies/, TensorBoard's files
         close_bars(trainer)
-        die(f"cannot write to {output_dir} at step {trainer.state.global_step} ({one_line(exc)}): "
-            f"{last_complete(output_dir)}")  # fmt: skip
+        die(f"stopped at step {trainer.state.global_step} ({one_line(exc)}): {last_complete(output_dir)}")
     finally:
         signal.signal(signal.SIGINT, previous)
     return ctrl_c.requested

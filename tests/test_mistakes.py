@@ -335,3 +335,14 @@ def test_the_last_line_names_a_tensorboard_that_runs(tmp_path):
     program = command.split(" --logdir ")[0]
     assert os.access(program, os.X_OK) or program == "tensorboard", command
     assert command.endswith(f"--logdir '{tmp_path / 'my run'}'")
+
+
+def test_archive_games_that_only_slow_steps_can_rescore_are_said_at_start():
+    """Re-scoring plays --archive_games games within what the archive saves up (10 steps x --archive_budget of a step):
+    beyond what any step allows the run is refused (the table above); beyond a 1-second step, a warning line says which
+    steps leave it time, where a run on the CPU would otherwise rank nothing, silently."""
+    script, *_ = train_2048.parse_args(["--config", DEMO, "--archive_games", "100000"])
+    line = train_2048.check_archive_games(script)
+    assert line.startswith("--archive_games 100000: re-scoring one strategy takes at least") and "on faster steps" in line
+    for games in ("0", "4"):  # the evaluation's games, and the demo's pace
+        assert train_2048.check_archive_games(train_2048.parse_args(["--config", DEMO, "--archive_games", games])[0]) is None

@@ -262,7 +262,8 @@ def test_a_run_over_a_finished_one_then_a_full_disk_then_resume(full_run, tmp_pa
     """A finished run's folder, started over with --overwrite_output_dir: nothing of the earlier run is left to mix
     with the new one. Then the disk fills up while checkpoint-4 is written (a file-size limit, set from outside once
     step 3 has begun, makes the same writes fail): one line, exit status 2, the half-written checkpoint removed and
-    checkpoint-2 whole, from which --resume auto finishes the run, its metrics one run's steps in order."""
+    checkpoint-2 whole, from which --resume auto finishes the run (a damaged newer checkpoint skipped and named), its
+    metrics one run's steps in order."""
     reference, _ = full_run
     out = tmp_path / "out"
     shutil.copytree(reference, out, symlinks=True)
@@ -284,8 +285,15 @@ def test_a_run_over_a_finished_one_then_a_full_disk_then_resume(full_run, tmp_pa
     assert "final-merged_16bit" not in (out / "training.log").read_text()  # the earlier run's log went with it
     assert metrics(out, "eval_valid_rate") == []  # the earlier run evaluated; this one does not
 
+    # A newer checkpoint that cannot be loaded, beside it (a copy whose optimizer state is cut short): skipped, named.
+    shutil.copytree(out / "checkpoint-2", out / "checkpoint-4")
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    (out / "checkpoint-4" / "trainer_state.json").write_text(json.dumps({**state, "global_step": 4}))
+    optimizer = out / "checkpoint-4" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:1000])
     result = train(*SHORT, "--warm_start", "false", "--output_dir", str(out), "--resume", "auto")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "checkpoint-4 is skipped: optimizer.pt is damaged" in result.stdout
     assert f"resuming from {out / 'checkpoint-2'}" in result.stdout
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4] and (out / "final").is_dir()
 
