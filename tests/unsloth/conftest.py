@@ -12,7 +12,7 @@ get_peft_model themselves. The default preset loads `<tiny>-split-4bit`, a tiny 
 layout (NF4 Linear4bit per expert and in attention), built on the CPU by bench/gpu_check.py's own code; the BF16
 preset loads the fused `<tiny>`; offload_embedding is what each preset sets.
 
-What the CPU tier stubs (`stand_in_for_a_gpu`, the one place; README and docs/GPU_MATRIX.md say the same), none of it
+What the CPU tier stubs (`stand_in_for_a_gpu`, the one place; README and docs/GPU_CHECK.md say the same), none of it
 on the path a test checks:
 1. torch.cuda.get_device_properties / get_device_capability / get_device_name answer as an H100 would. Unsloth reads
    the card for its banner (unsloth/device_type.py:611, get_device_stats, from from_pretrained), for its FP8 check
