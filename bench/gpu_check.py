@@ -1,4 +1,5 @@
-"""The GPU check: train_2048's real command line on a GPT-OSS model with random weights built here (no download).
+"""One run of the GPU check: train_2048's real command line on a GPT-OSS model with random weights built here (no
+download). The whole check, these runs and more, is one command on a GPU machine: `make gpu-check` (docs/GPU_CHECK.md).
 
 It builds the model (tiny, or GPT-OSS-20B's geometry with all or some of its 24 layers) in the layout the preset loads:
 for the 4-bit default, Unsloth's pre-quantized split layout (a Linear per expert, 4-bit, as
