@@ -277,6 +277,15 @@ def game_seeds(settings: RewardSettings, salt: str, step: int, call: int) -> lis
     ]
 
 
+def held_out_seeds(salt: str, n: int) -> list[int]:
+    """The run's held-out games, for its evaluations and its strategy archive alike: n consecutive seeds from a secret
+    start drawn from the salt (kept in every checkpoint), so that `evaluate_2048.py --seed <first> --games n` replays
+    them, and no strategy can tell them apart from other games (with public seeds, a strategy that knows them
+    recognises each game by its own `random`'s first draw, and can play it with foresight)."""
+    start = int.from_bytes(hashlib.sha256(f"train_2048/held-out/{salt}".encode()).digest()[:6], "big")
+    return [start + i for i in range(n)]
+
+
 def new_salt() -> str:
     return secrets.token_hex(16)
 
