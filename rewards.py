@@ -346,17 +346,17 @@ def make_judge(settings: RewardSettings):
     return judge
 
 
-def play_answers(codes: list[str], seeds: list[int], settings: RewardSettings, seconds: float | None = None) -> dict:
+def play_answers(codes: list[str], seeds: list[int], settings: RewardSettings, deadline: float = math.inf) -> dict:
     """code -> the GameResults of its games on `seeds`, in seed order, played in the sandbox as an answer is played for
     its reward (the strategy archive re-scores the same way): game by game across the answers, so one that stalls is
     found out in its first games and not played on; once one of an answer's games timed out, or its games together
-    took answer_time_limit (or `seconds`, when lower), its games not yet started are not played and not in its list.
-    Raises when the sandbox itself fails."""
+    took answer_time_limit, its games not yet started are not played and not in its list; nor is any game that would
+    start after `deadline` (time.monotonic()). Raises when the sandbox itself fails."""
     jobs = [(code, seed, settings) for seed in seeds for code in codes]
-    limit = settings.answer_time_limit if seconds is None else min(settings.answer_time_limit, seconds)
     results = sandbox.play_many(
-        jobs, strict=settings.require_seccomp, groups=[code for code, _, _ in jobs], group_seconds=limit
-    )
+        jobs, strict=settings.require_seccomp, groups=[code for code, _, _ in jobs],
+        group_seconds=settings.answer_time_limit, deadline=deadline,
+    )  # fmt: skip
     played = {code: [] for code in codes}
     for (code, _, _), result in zip(jobs, results):
         if result is not None:
