@@ -592,7 +592,8 @@ def test_a_star_import_binds_in_the_judge_what_it_binds_in_the_sandbox():
     modules = sorted(policy.MODULES - {"__future__"})  # `from __future__ import *` is a SyntaxError
     codes = [f"from {m} import *\nNAMES = dir()\ndef strategy(board):\n"
              f"    wrong = {{n for n in NAMES if not n.startswith('__')}} ^ set({list(policy.star_names(m))!r})\n"
-             "    if wrong:\n        raise ValueError(sorted(wrong)[:3])\n    return 'A'\n" for m in modules]  # fmt: skip
+             "    if wrong:\n        raise ValueError(sorted(wrong)[:3])\n    return 'A'\n"
+             for m in modules]  # fmt: skip
     for module, code in zip(modules, codes):
         assert rewards.analyse_code(code).playable, (module, rewards.analyse_code(code))
     results = sandbox.play_many([(code, 0, sandbox.Game(size=3, target=64, move_time_limit=5.0)) for code in codes])
