@@ -137,7 +137,7 @@ def sample_batch(model, tokenizer, inputs, *, index: int, size: int, seed: int, 
                               eos_token_id=tokenizer.eos_token_id)  # fmt: skip
     cuda = [model.device] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), torch.no_grad():
-        torch.manual_seed(seed * 1_000_003 + index)
+        torch.manual_seed((seed * 1_000_003 + index) % 2**64)  # any --seed: a run's held-out one is large
         if generate is not None:
             out = generate(model, input_ids, attention_mask, config)
         else:

@@ -27,13 +27,12 @@ import generation
 import rewards
 
 log = logging.getLogger("train_2048")
-EVAL_SEED = 0  # the sampling seed of every evaluation; its games are the run's held-out ones, secret like training's
-
 
 class GameGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose `evaluate()` is the game evaluation (evaluation.py's protocol) on the run's held-out games
     (rewards.held_out_seeds: secret, so no strategy can recognise them, and the same in every evaluation and after a
-    resume): every process samples its share of the strategies, the main process plays them all in the sandbox, and
+    resume), sampled with the first of them as seed, so `evaluate_2048.py --seed <it>` on a checkpoint gets the same
+    numbers: every process samples its share of the strategies, the main process plays them all in the sandbox, and
     eval/* is logged like any Trainer evaluation, so `eval_strategy`/`eval_steps` mean what they mean in transformers.
     The model's mode and torch's random state are left as they were, so a run with evaluations trains exactly like one
     without.
@@ -94,8 +93,8 @@ class GameGRPOTrainer(GRPOTrainer):
                     size = sizes[index] if index < len(sizes) else sizes[-1]  # a spare batch, thrown away
                     ids = evaluation.sample_batch(
                         model, self.processing_class, inputs, index=min(index, len(sizes) - 1), size=size,
-                        seed=EVAL_SEED, temperature=args.temperature, max_new_tokens=args.max_completion_length,
-                        generate=self.fast_generate,
+                        seed=self.eval_seeds[0], temperature=args.temperature,
+                        max_new_tokens=args.max_completion_length, generate=self.fast_generate,
                     )  # fmt: skip
                     if index < len(sizes):
                         mine[index] = evaluation.decode(self.processing_class, ids)
