@@ -28,6 +28,7 @@ import rewards
 
 log = logging.getLogger("train_2048")
 
+
 class GameGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose `evaluate()` is the game evaluation (evaluation.py's protocol) on the run's held-out games
     (rewards.held_out_seeds: secret, so no strategy can recognise them, and the same in every evaluation and after a
