@@ -15,6 +15,7 @@ DEMO = str(REPO / "configs" / "cpu-demo.yaml")
 # Short runs: 4 steps, a checkpoint every 2, a warm start just long enough for scores to differ.
 SHORT = ["--config", DEMO, "--max_steps", "4", "--save_steps", "2", "--sample_steps", "2", "--eval_strategy", "no"]
 SHORT += ["--sft_epochs", "20", "--max_completion_length", "32"]
+SHORT += ["--archive_games", "0"]  # the evaluation's few games: what 4 short steps' budget can re-score
 SALT = ["--game_salt", "tests"]  # the same training games in every run, so runs can be compared
 EVAL = ["--eval_strategy", "steps", "--eval_steps", "2", "--eval_samples", "2", "--eval_games", "2"]  # the reference
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
@@ -288,7 +289,7 @@ def test_cpu_demo_learns_to_read_the_board(tmp_path):
     assert kinds["corner"] >= 16 and kinds["corner"] > 4 * kinds["cycle"], kinds
 
     # Its archive: the best strategy it wrote is the corner player, with the rewards it measured: 4 games for each time
-    # it was written, and on the 4 held-out games what evaluate_2048.py measures when it plays the file.
+    # it was written, and on the 16 held-out games what evaluate_2048.py measures when it plays the file.
     index = json.loads((out / "strategies" / "index.json").read_text())
     best = index["strategies"][0]
     code = evaluation.file_source(str(out / "strategies" / "best.py")).samples[0].code
@@ -297,13 +298,15 @@ def test_cpu_demo_learns_to_read_the_board(tmp_path):
     assert best["training"]["games"] == 4 * best["times_written"] and best["times_written"] >= 10
     assert index["rescoring"]["seconds"] <= 0.05 * index["rescoring"]["training_seconds"] + 2.0  # + one game's limit
     tmp = tmp_path / "eval"
-    args = ["--config", DEMO, "--strategy", out / "strategies" / "best.py", "--games", 4, "--no-baselines",
-            "--seed", index["held_out_seeds"][0]]  # fmt: skip
+    seeds = index["held_out_seeds"]
+    assert len(seeds) == best["held_out"]["games"] == 16
+    args = ["--config", DEMO, "--strategy", out / "strategies" / "best.py", "--games", 16, "--seed", seeds[0],
+            "--no-baselines"]  # fmt: skip
     r = subprocess.run([sys.executable, str(REPO / "evaluate_2048.py"), *map(str, args), "--output_dir", str(tmp)],
                        cwd=REPO, capture_output=True, text=True, timeout=300, env=ENV)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     (summary,) = json.loads((tmp / "results.json").read_text())["summary"]
-    assert summary["mean_score"] == pytest.approx(best["held_out"]["score"]) and summary["games"] == 4
+    assert summary["mean_score"] == pytest.approx(best["held_out"]["score"]) and summary["games"] == 16
 
 
 def test_fast_generation_samples_what_model_generate_samples(full_run, tmp_path):
