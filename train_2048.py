@@ -133,7 +133,8 @@ class ScriptArguments:
         },
     )
     eval_games: int = field(
-        default=4, metadata={"help": "Games each evaluated strategy plays on the training board (seeds 0, 1, ...)."}
+        default=4, metadata={"help": "Games each evaluated strategy plays on the training board: the run's held-out "
+                             "games, secret like the training games (training.log names their seeds)."}
     )
     archive_size: int = field(
         default=20,
@@ -145,8 +146,8 @@ class ScriptArguments:
     archive_games: int = field(
         default=0,
         metadata={
-            "help": "Held-out games (seeds 0..N-1) that a candidate for the archive's top is re-scored on before it is "
-            "ranked. 0: the evaluation's (--eval_games)."
+            "help": "Held-out games (the evaluation's first N, or more of them) that a candidate for the archive's top "
+            "is re-scored on before it is ranked. 0: the evaluation's (--eval_games)."
         },
     )
     archive_budget: float = field(
@@ -508,12 +509,16 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
     times, ctrl_c = grpo.StepTimes(state.device), grpo.CtrlC()
     evaluating = training_args.eval_strategy != "no"
     judge, archive = rewards.make_judge(settings), None
+    held_out = rewards.held_out_seeds(settings.game_salt, max(script_args.archive_games, script_args.eval_games))
+    if evaluating:
+        log.info(f"evaluation: {script_args.eval_samples} strategies sampled, each on {script_args.eval_games} held-out "
+                 f"games (seeds {held_out[0]}-{held_out[script_args.eval_games - 1]}, from the secret game salt)")  # fmt: skip
     if script_args.archive_size:
         import strategy_archive
 
         archive = strategy_archive.StrategyArchive(
             settings, size=script_args.archive_size, budget=script_args.archive_budget, output_dir=output_dir,
-            seeds=[grpo.EVAL_SEED + i for i in range(script_args.archive_games or script_args.eval_games)],
+            seeds=held_out[: script_args.archive_games or script_args.eval_games],
             main=state.is_main_process, world=state.num_processes, timing=lambda: times.timing("archive"),
         )  # fmt: skip
         if checkpoint is not None:
@@ -541,7 +546,7 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
         callbacks=[grpo.GRPOReport(output_dir), ctrl_c, grpo.GameSalt(settings.game_salt), *filter(None, [archive])],
         settings=settings,
         eval_samples=script_args.eval_samples,
-        eval_games=script_args.eval_games,
+        eval_seeds=held_out[: script_args.eval_games],
         times=times,
         generate=generate,
         archive=archive,
