@@ -112,6 +112,22 @@ def test_a_wrong_merge_exits_1_and_publishes_nothing(tiny, tmp_path, fault, monk
     assert list(tmp_path.iterdir()) == [] and (tiny / "final" / "adapter_model.safetensors").read_bytes() == before
 
 
+def test_a_checkpoint_merges_beside_itself_where_no_resume_or_rotation_takes_it_for_one(tiny, tmp_path):
+    """checkpoint-N (what a run saves every save_steps: the same adapter files, with the optimizer's) merges into
+    checkpoint-N-merged_16bit, which --resume auto never takes for a checkpoint (nor transformers' rotation, whose
+    pattern is checkpoint-<digits>)."""
+    from transformers.trainer_utils import _re_checkpoint
+
+    checkpoint = tmp_path / "checkpoint-7"
+    shutil.copytree(tiny / "final", checkpoint)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 7}))
+    _, base, output = merge_2048.check_inputs(merge_2048.MergeArguments(adapter=str(checkpoint)))
+    assert output == checkpoint.resolve().with_name("checkpoint-7-merged_16bit") and base == str(tiny / "base")
+    output.mkdir()
+    (output / "trainer_state.json").write_text(json.dumps({"global_step": 7}))  # as if it were one
+    assert train_2048.latest_checkpoint(tmp_path) == checkpoint and not _re_checkpoint.search(output.name)
+
+
 # --- bad input: one line, exit 2, nothing written -----------------------------------------------------------------
 
 
