@@ -15,7 +15,7 @@ TRL runs the GRPO loop and transformers writes the checkpoints; this file checks
 loads, then runs the steps of `train()`: output and logs, the model, an optional warm start, GRPO (trainer.py:
 TRL's GRPOTrainer with our game evaluation every eval_steps), and the verified save. In <output_dir>: training.log,
 metrics.jsonl, runs/ (TensorBoard), checkpoint-N/, strategies/ (the best strategies the model wrote),
-final/ (LoRA adapters), final-<save_method>/ (merged).
+final/ (LoRA adapters), final-<save_method>/ (merged: merge_2048.py, which merges any saved adapter again).
 """
 
 from __future__ import annotations
@@ -311,16 +311,22 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
     return checkpoint
 
 
-def check_merge_source(script_args, model_args, backend: str) -> str | None:
-    """Unsloth's merged_16bit save merges into 16-bit weights it finds by itself after training: which, asked now
-    (models.unsloth_merge_source), so that a save that cannot work stops the run before it starts."""
-    if script_args.save_method != "merged_16bit" or backend != "unsloth" or not model_args.use_peft:
+def check_merge_source(script_args, model_args, output_dir: Path) -> str | None:
+    """The 16-bit weights merged_16bit merges the LoRA into after training (models.merge_base: the model itself, or the
+    16-bit original of a 4-bit or MXFP4 checkpoint), asked now, so that a merge that cannot work stops the run before
+    it starts."""
+    if script_args.save_method != "merged_16bit":
         return None
+    if not model_args.use_peft:
+        die("--save_method merged_16bit merges LoRA adapters into their base: with --use_peft false final/ holds the "
+            "whole trained model already")  # fmt: skip
+    if model_args.model_name_or_path == models.TINY:
+        return str(output_dir / "tiny-model")  # built before training
     try:
-        return models.unsloth_merge_source(model_args.model_name_or_path, bool(model_args.load_in_4bit))
+        return models.merge_base(model_args.model_name_or_path)
     except ValueError as error:
-        die(f"--save_method merged_16bit: {error}, so the save would fail after training; train from a 16-bit "
-            "checkpoint of the same weights, or save lora (final/ holds the adapters either way)")  # fmt: skip
+        die(f"--save_method merged_16bit: {error}, so the merge would fail after training; save lora, then merge "
+            "final/ with python merge_2048.py --adapter <output_dir>/final --base <the 16-bit checkpoint>")  # fmt: skip
 
 
 def version_at_most(package: str, highest: str) -> bool:
@@ -605,8 +611,8 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
 
     script_args, settings, training_args, model_args = parse_args(argv)
     checkpoint = check_before_loading(script_args, settings, training_args, model_args, backend)
-    merge_source = check_merge_source(script_args, model_args, backend)
     output_dir = Path(training_args.output_dir)
+    merge_source = check_merge_source(script_args, model_args, output_dir)
 
     from accelerate import PartialState
     from transformers import set_seed
@@ -616,7 +622,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     start_logging(output_dir, state)
     log.info(f"train_2048: {model_args.model_name_or_path} on the {backend} backend, writing to {output_dir}")
     if merge_source is not None:
-        log.info(f"--save_method merged_16bit: Unsloth will merge the LoRA into {merge_source}")
+        log.info(f"--save_method merged_16bit: merge_2048.py will merge the LoRA into {merge_source} after training")
     if state.num_processes > 1:
         log.info(f"{state.num_processes} processes ({state.distributed_type.value}), each scoring its own completions")
     if checkpoint is not None:
@@ -662,6 +668,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
         trainer, tokenizer, save_method=script_args.save_method, verify=script_args.verify_save,
         use_peft=model_args.use_peft, backend=backend, seed=training_args.seed, output_dir=output_dir,
         prompt_inputs=evaluation.prompt_inputs(tokenizer, settings, training_args.chat_template_kwargs or {}),
+        merge_base=merge_source,
     )  # fmt: skip
     log.info(f"done after {steps} steps. TensorBoard: tensorboard --logdir {output_dir}")
     return 0 if ok else 1
