@@ -1,11 +1,12 @@
-# The two commands of the README's quick start, each setting up .venv on first use (bash setup.sh: the GPU set
+# The README's commands, each setting up .venv on first use (bash setup.sh: the GPU set
 # where an NVIDIA GPU is visible, else the CPU set; again whenever setup.sh or a requirements file changes).
 #   make demo    # the CPU demo: a tiny local model learns to prefer board-reading strategies, in minutes
 #   make test    # ruff, then every test (slow ones included), then the Unsloth tier in a process of its own
+#   make gpu-check  # on a GPU machine: whether the default path works and how fast (docs/GPU_CHECK.md), ~6 min on an H100
 VENV := .venv
 STAMP := $(VENV)/.setup-done
 
-.PHONY: demo test
+.PHONY: demo test gpu-check
 
 $(STAMP): setup.sh requirements.txt requirements-cpu.txt
 	bash setup.sh
@@ -18,3 +19,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -v
 	TRAIN2048_UNSLOTH_TIER=1 $(VENV)/bin/python -m pytest -v tests/unsloth
+
+# A DGX Spark's exports (setup.sh writes them there) apply to the check's runs too.
+gpu-check: $(STAMP)
+	if [ -f $(VENV)/gb10.env ]; then . ./$(VENV)/gb10.env; fi; $(VENV)/bin/python bench/gpu_matrix.py 1

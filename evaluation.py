@@ -53,16 +53,41 @@ def file_source(path: str) -> Source:
     Raises ValueError with a one-line reason when it cannot be read, does not parse or defines no `strategy`.
     """
     try:
-        code = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read it ({type(exc).__name__}: {getattr(exc, 'strerror', None) or exc})") from exc
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError) as exc:
-        raise ValueError(f"does not parse ({getattr(exc, 'msg', exc)}, line {getattr(exc, 'lineno', '?')})") from exc
-    if not any(isinstance(n, ast.FunctionDef) and n.name == "strategy" for n in tree.body):
-        raise ValueError("defines no top-level function `strategy`")
+    code = file_code(text)
     return Source(path, "file", [Sample(code, rewards.analyse_code(code))])
+
+
+ARCHIVED_CODE = "TRAIN_2048_STRATEGY"  # where a strategy archive's file keeps its strategy's code, as a string
+
+
+def file_code(text: str) -> str:
+    """The strategy a file holds: the file itself when it defines `strategy`; else, in a file of the strategy archive
+    (strategy_archive.strategy_code), the string constant named ARCHIVED_CODE, read from the syntax tree, never run.
+    Raises ValueError with a one-line reason."""
+    tree = parsed(text, "does not parse")
+    if defines_strategy(tree):
+        return text
+    kept = [n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+            and isinstance(n.value.value, str) and [ast.unparse(t) for t in n.targets] == [ARCHIVED_CODE]]  # fmt: skip
+    if len(kept) != 1:
+        raise ValueError("defines no top-level function `strategy`")
+    if not defines_strategy(parsed(kept[0], f"its {ARCHIVED_CODE} does not parse")):
+        raise ValueError(f"its {ARCHIVED_CODE} defines no top-level function `strategy`")
+    return kept[0]
+
+
+def parsed(text: str, problem: str) -> ast.Module:
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise ValueError(f"{problem} ({getattr(exc, 'msg', exc)}, line {getattr(exc, 'lineno', '?')})") from exc
+
+
+def defines_strategy(tree: ast.Module) -> bool:
+    return any(isinstance(n, ast.FunctionDef) and n.name == "strategy" for n in tree.body)
 
 
 def model_source(name: str, completions: list[str]) -> Source:
@@ -112,7 +137,7 @@ def sample_batch(model, tokenizer, inputs, *, index: int, size: int, seed: int, 
                               eos_token_id=tokenizer.eos_token_id)  # fmt: skip
     cuda = [model.device] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), torch.no_grad():
-        torch.manual_seed(seed * 1_000_003 + index)
+        torch.manual_seed((seed * 1_000_003 + index) % 2**64)  # any --seed: a run's held-out one is large
         if generate is not None:
             out = generate(model, input_ids, attention_mask, config)
         else:

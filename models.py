@@ -14,9 +14,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("train_2048.models")
 
@@ -40,15 +41,16 @@ FUSED_CHECKPOINT = {
     "unsloth/gpt-oss-20b-unsloth-bnb-4bit": "unsloth/gpt-oss-20b-BF16",
     "unsloth/gpt-oss-120b-unsloth-bnb-4bit": "unsloth/gpt-oss-120b-BF16",
 }
-# A merged checkpoint is the trained model when (1) its next-token distributions are within MERGED_KL_TOLERANCE (mean KL,
-# nats per token) of the trained model's, and (2) it keeps the adapters' own effect, however small: of how far the
-# adapters move each distribution from the base's, the share the merge reproduces (the merged model's log-probability
-# shift from the base, projected on the adapters' shift, weighted by the trained probabilities) must be within
-# MERGED_KEPT, its 2-sigma interval included. A merge that lost the LoRA keeps ~0 of it, one that lost the experts'
-# LoRA (unsloth-zoo issue 885) a part; 16-bit rounding of a true merge scatters around 1 and averages out over the
-# vocabulary and positions (docs/PERF.md gives the tiny model's figures; 4-bit to 16-bit is measured on a GPU).
-MERGED_KL_TOLERANCE = 0.01
-MERGED_KEPT = (0.8, 1.2)
+# The 16-bit checkpoint a merge reads, for hub checkpoints that are not one: Unsloth's split 4-bit ones (above) and the
+# MXFP4 originals (the default preset's unsloth/gpt-oss-20b) hold the same weights as these BF16 copies.
+SIXTEEN_BIT_ORIGINAL = {
+    **FUSED_CHECKPOINT,
+    "unsloth/gpt-oss-20b": "unsloth/gpt-oss-20b-BF16",
+    "unsloth/gpt-oss-120b": "unsloth/gpt-oss-120b-BF16",
+}
+# A correct merge whose 16-bit weights keep less than this share of the adapters' change is reported with the advice to
+# serve the adapters instead (16-bit rounding erases a LoRA change below half a weight's last digit: docs/PERF.md).
+MERGED_KEPT = 0.95
 
 
 def quiet_library_imports() -> None:
@@ -407,19 +409,14 @@ def attach_split_expert_lora(model, folder: Path):
 
 
 def save_and_verify(trainer, tokenizer, *, save_method: str, verify: bool, use_peft: bool, backend: str,
-                    prompt_inputs, seed: int, output_dir: Path) -> bool:  # fmt: skip
-    """LoRA adapters (and the tokenizer) to <output_dir>/final always; a merged 16-bit model to final-merged_16bit on
-    request. With `verify`, each save is checked against the trained model without a second copy of the base:
+                    prompt_inputs, seed: int, output_dir: Path, merge_base: str | None = None) -> bool:  # fmt: skip
+    """LoRA adapters (and the tokenizer) to <output_dir>/final always. With `verify`, its tensors must equal the trained
+    adapters exactly, and, loaded beside them as a second adapter of the same model, it must sample the same seeded
+    tokens (verify_adapter: only the adapters held twice).
 
-    - final/: its tensors must equal the trained adapters exactly, and, loaded beside them as a second adapter of
-      the same model, it must sample the same seeded tokens;
-    - final-merged_16bit/ on transformers (merged in memory): every saved tensor must equal the merged model's, read
-      shard by shard;
-    - final-merged_16bit/ on Unsloth (merged by Unsloth straight to disk, from 4-bit or 16-bit weights): the trained
-      model's next-token distributions on its own seeded samples are taken first, the trained model is released, and
-      a fresh process loads the checkpoint with transformers' own classes (Unsloth swaps GPT-OSS's expert classes
-      process-wide): every tensor must load, its distributions must be within MERGED_KL_TOLERANCE, and it must
-      keep the adapters' effect (MERGED_KEPT).
+    merged_16bit: the trained model is released, and merge_2048.py merges final/ into `merge_base` (the 16-bit weights
+    train_2048 found before training) in a process of its own, as it merges any saved adapter later: into
+    final-merged_16bit, judged as merge_adapters says. mxfp4: Unsloth's own export (unsloth_mxfp4).
 
     Returns False when a check fails. Every process calls this (sharded models save together); the main writes.
     """
@@ -441,75 +438,47 @@ def save_and_verify(trainer, tokenizer, *, save_method: str, verify: bool, use_p
         FastLanguageModel.for_inference(model)
     if verify and use_peft:
         ok &= verify_adapter(model, tokenizer, final, prompt_inputs, seed)
-    if save_method == "lora":
-        return ok
-    merged_dir = output_dir / f"final-{save_method}"
-    tmp = fresh(merged_dir)
-    if backend == "unsloth":
-        reference = reference_logprobs(model, tokenizer, prompt_inputs, seed) if verify else None
-        try:
-            model.save_pretrained_merged(str(tmp), tokenizer, save_method=save_method)
-        except Exception as error:  # noqa: BLE001 - train_2048 checks the merge's source at startup; anything else
-            log.error(f"{merged_dir}: Unsloth's {save_method} save failed ({type(error).__name__}: "
-                      f"{' '.join(str(error).split())[:400]}); final/ holds the adapters")  # fmt: skip
-            log.debug("the merged save failed", exc_info=True)
-            return False
-        publish(tmp, merged_dir)
-        log.info(f"saved the merged model ({save_method}) to {merged_dir}")
-        if verify:
-            del model
-            release(trainer)
-            ok &= verify_merged(merged_dir, reference)
-        return ok
-    import torch
-
-    merged = model.merge_and_unload() if use_peft else model  # in place: no second copy
-    if merged.dtype == torch.float32:
-        merged = merged.to(torch.bfloat16)  # merged_16bit: 16-bit weights, also from a float32 CPU run
-    merged.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    publish(tmp, merged_dir)
-    log.info(f"saved the merged model ({save_method}) to {merged_dir}")
-    return ok & verify_tensors(merged, merged_dir) if verify else ok
+    if save_method == "mxfp4":
+        return ok & unsloth_mxfp4(model, tokenizer, output_dir / "final-mxfp4")
+    if save_method == "merged_16bit":
+        del model
+        release(trainer)  # the merge loads the 16-bit base: a 20B model does not fit twice on one GPU
+        return ok & merge_in_fresh_process(final, merge_base, output_dir / "final-merged_16bit")
+    return ok
 
 
-def unsloth_merge_source(model_name: str, load_in_4bit: bool) -> str:
-    """The 16-bit weights Unsloth's merged_16bit save merges the LoRA into, found as it finds them at save time
-    (unsloth_zoo/saving_utils.py, merge_and_overwrite_lora and determine_base_model_source), or ValueError with why
-    the save would fail after training.
-
-    The loaded checkpoint's name maps to its 16-bit original (get_model_name: the default's
-    unsloth/gpt-oss-20b-unsloth-bnb-4bit to unsloth/gpt-oss-20b). A local folder is used as it is, and Unsloth
-    refuses one stored in 4-bit (nf4/fp4: "base model should be a 16bit or mxfp4 base model"). A hub name is looked
-    up on the hub at save time, and its weights read from there (or the cache): Unsloth's own lookup, asked now."""
-    from unsloth.models.loader_utils import get_model_name
-    from unsloth_zoo.saving_utils import (
-        check_hf_model_exists,
-        check_local_model_exists,
-        check_model_quantization_status,
-    )
-
-    local = Path(model_name).expanduser()
-    if not local.is_dir():
-        original = get_model_name(get_model_name(model_name, load_in_4bit=load_in_4bit), load_in_4bit=False)
-        local = Path(check_local_model_exists(original) or original)  # a folder of that name here comes first
-    if local.is_dir():
-        try:
-            _, quantization = check_model_quantization_status(str(local))
-        except RuntimeError as error:  # an unreadable config.json
-            raise ValueError(" ".join(str(error).split())[:300]) from error
-        if quantization in ("nf4", "fp4"):
-            raise ValueError(f"{model_name} is stored in 4-bit ({quantization}), and Unsloth merges LoRA into 16-bit "
-                             "(or mxfp4) weights only")  # fmt: skip
-        return f"{local}'s own weights (a local 16-bit checkpoint)"
+def unsloth_mxfp4(model, tokenizer, folder: Path) -> bool:
+    """Unsloth's MXFP4 export (train_2048 refuses it at startup where Unsloth's llm-compressor cannot run). A quantized
+    checkpoint is not base + adapters to the bit, so it is not judged here: evaluate_2048.py --model plays it."""
+    tmp = fresh(folder)
     try:
-        found = check_hf_model_exists(original)
-    except RuntimeError as error:  # unreachable: offline (HF_HUB_OFFLINE) or no network
-        raise ValueError(f"Unsloth merges into {original}'s 16-bit weights, looked up on the Hugging Face hub at save "
-                         f"time, and the hub cannot be reached from here ({' '.join(str(error).split())[:200]})") from error
-    if not found:
-        raise ValueError(f"Unsloth merges into {original}'s 16-bit weights, and the hub has no safetensors for it")
-    return f"{original}'s 16-bit weights on the Hugging Face hub (downloaded at save time unless cached)"
+        model.save_pretrained_merged(str(tmp), tokenizer, save_method="mxfp4")
+    except Exception as error:  # noqa: BLE001 - after training, one line: final/ holds the adapters
+        log.error(f"{folder}: Unsloth's mxfp4 save failed ({type(error).__name__}: "
+                  f"{one_line(error, 400)}); final/ holds the adapters")  # fmt: skip
+        log.debug("the mxfp4 save failed", exc_info=True)
+        return False
+    publish(tmp, folder)
+    log.warning(f"saved {folder} (Unsloth's mxfp4 export, not checked: evaluate_2048.py --model {folder} plays it)")
+    return True
+
+
+def merge_in_fresh_process(adapter: Path, base: str, folder: Path) -> bool:
+    """merge_2048.py on `adapter`, in a process of its own (transformers' own classes: Unsloth swaps GPT-OSS's expert
+    classes process-wide), its lines on this console and in training.log. True for a correct merge."""
+    logger = logging.getLogger("train_2048")
+    logfile = next((h.baseFilename for h in logger.handlers if isinstance(h, logging.FileHandler)), None)
+    for handler in logger.handlers:
+        handler.flush()
+    command = [sys.executable, str(Path(__file__).with_name("merge_2048.py")), "--adapter", str(adapter), "--base",
+               str(base), "--output_dir", str(folder), "--overwrite", *(["--log_file", logfile] if logfile else [])]  # fmt: skip
+    result = subprocess.run(command, stderr=subprocess.PIPE, text=True)
+    if result.returncode == 0 or (result.returncode == 1 and "Traceback" not in result.stderr):
+        return result.returncode == 0  # its own line said how the merge went
+    said = [line for line in result.stderr.splitlines() if line.strip()] or [f"exit status {result.returncode}"]
+    log.error(f"{folder}: the merge failed ({said[-1][:400]}); final/ holds the adapters, and `python merge_2048.py "
+              f"--adapter {adapter}` merges them later")  # fmt: skip
+    return False
 
 
 def _empty_cuda_cache() -> None:
@@ -519,12 +488,12 @@ def _empty_cuda_cache() -> None:
         torch.cuda.empty_cache()
 
 
-def _samples(model, tokenizer, prompt_inputs, seed: int) -> list[list[int]]:
-    """Four seeded sampled completions (48 tokens at most), the way the evaluation samples."""
+def _samples(model, tokenizer, prompt_inputs, seed: int, size: int = 4) -> list[list[int]]:
+    """`size` seeded sampled completions (48 tokens at most), the way the evaluation samples."""
     import evaluation
 
     model.eval()
-    return evaluation.sample_batch(model, tokenizer, prompt_inputs, index=0, size=4, seed=seed, temperature=1.0,
+    return evaluation.sample_batch(model, tokenizer, prompt_inputs, index=0, size=size, seed=seed, temperature=1.0,
                                    max_new_tokens=48)  # fmt: skip
 
 
@@ -574,33 +543,9 @@ def verify_adapter(model, tokenizer, folder: Path, prompt_inputs, seed: int) -> 
     return True
 
 
-def verify_tensors(model, folder: Path) -> bool:
-    """Every tensor saved in `folder` equals the model's own, read one at a time from the memory-mapped shards."""
-    import torch
-    from safetensors import safe_open
-
-    expected = model.state_dict()
-    checked, differ, unknown = 0, [], []
-    for shard in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(shard), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open has keys(), no iteration)
-                if name not in expected:
-                    unknown.append(name)
-                    continue
-                checked += 1
-                if not torch.equal(f.get_tensor(name), expected[name].detach().to("cpu")):
-                    differ.append(name)
-    if differ or not checked:
-        log.error(f"{folder}: {len(differ)} of {checked} saved tensors differ from the merged model ({differ[:3]})")
-        return False
-    note = f" ({len(unknown)} saved under names the model does not use)" if unknown else ""
-    log.info(f"verified {folder}: its {checked} tensors equal the merged model's, exactly{note}")
-    return True
-
-
 def release(trainer) -> None:
-    """Let go of the trained model, its optimizer and the accelerator's references, so a saved copy can be loaded
-    alone (a 20B model does not fit twice on one GPU)."""
+    """Let go of the trained model, its optimizer and the accelerator's references, so that another model can be
+    loaded alone (a 20B model does not fit twice on one GPU)."""
     import gc
 
     trainer.accelerator.free_memory()
@@ -609,24 +554,424 @@ def release(trainer) -> None:
     _empty_cuda_cache()
 
 
-# --- a merged checkpoint, checked in a fresh process ---------------------------------------------------------------
+# --- merging adapters into their 16-bit base, and proving the merge ------------------------------------------------
+# A merge writes round16(W + scale * B @ A). 16-bit weights cannot hold a LoRA change below half a weight's last digit
+# (bf16 keeps 8 significant bits), so a real run's small adapters are partly rounded away by a correct merge: that is
+# measured and reported, never failed. What fails is a merge that is not base + adapters: each merged weight is judged
+# against the base weight the merge read plus the adapters' product computed here from the adapter's own files (not
+# from the model PEFT built from them), so a LoRA that the loading or the merge lost, a wrong scale or a dropped module
+# shows wherever its change crosses a rounding boundary, which some weights' changes do at any adapter size (the
+# smallest weights have the finest 16-bit digits).
+MERGE_SLACK = 2.0**-7  # of |scale| |B| |A|: PEFT rounds the product to 16 bits before adding it (fused experts)
+SUM_SLACK = 2.0**-20  # of |W|: the float32 arithmetic of the sum
 
 
-def reference_logprobs(model, tokenizer, prompt_inputs, seed: int, rows: int = 2) -> dict:
-    """What a merged checkpoint is checked against: the trained model's log-probabilities at every position of its own
-    seeded completions, and the same with the adapters switched off (how far the LoRA moves them), on the CPU."""
+
+@dataclass
+class Product:
+    """One LoRA pair of an adapter, on one tensor of the merged model: scale * B @ A on a Linear's weight (out, in);
+    on one expert's slice of a fused GPT-OSS expert tensor (Unsloth's split experts: a Linear per expert, whose weight
+    is the transpose of its slice); or on every slice (PEFT's LoRA on the fused tensor, as attach_split_expert_lora
+    lays it out: A (experts * r, in), B (out, r * experts))."""
+
+    a: Any
+    b: Any
+    scale: float
+    expert: int | None = None  # a split expert: the one slice it changes
+    experts: int = 0  # a fused tensor: how many slices, each with its own rank-r pair
+
+    def pair(self, expert: int | None, transposed: bool):
+        """(A, B, whether the slice holds (B @ A).T) on a 2-D tensor (expert None) or on slice `expert` of a 3-D one;
+        None where this pair changes nothing. `transposed`: the fused tensor is (experts, in, out), as GPT-OSS's."""
+        if self.experts:
+            rank = self.a.shape[0] // self.experts
+            a = self.a.view(self.experts, rank, -1)[expert]
+            return a, self.b.view(self.b.shape[0], rank, self.experts)[:, :, expert], transposed
+        if self.expert is not None:
+            return (self.a, self.b, True) if expert == self.expert else None
+        return self.a, self.b, False
+
+
+def merge_base(name: str) -> str:
+    """The 16-bit checkpoint that adapters trained on `name` merge into, asked of its config.json (a local folder's, else
+    the hub's, from the cache first): `name` itself when it is stored unquantized, its BF16 copy for the hub checkpoints
+    of SIXTEEN_BIT_ORIGINAL; ValueError saying why there is none."""
+    base = SIXTEEN_BIT_ORIGINAL.get(name, name)
+    quantization = read_config(base).get("quantization_config") or {}
+    if quantization.get("load_in_4bit"):
+        raise ValueError(f"{base} is stored in 4-bit ({quantization.get('bnb_4bit_quant_type', 'bitsandbytes')}), and a "
+                         "merge needs the 16-bit weights it was made from")  # fmt: skip
+    if quantization:
+        raise ValueError(f"{base} is stored quantized ({quantization.get('quant_method', 'unknown')}), and a merge needs "
+                         "the 16-bit weights of the same model")  # fmt: skip
+    return base
+
+
+def read_config(name: str) -> dict:
+    """A checkpoint's config.json: a local folder's, or the hub's (its cache first); ValueError when there is none."""
+    local = Path(name).expanduser()
+    if local.is_dir() or name.startswith((".", "/", "~")):
+        path = local / "config.json"
+    else:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import RepositoryNotFoundError
+
+        try:
+            path = Path(hf_hub_download(name, "config.json"))
+        except RepositoryNotFoundError as error:
+            raise ValueError(f"{name}: no such model on the Hugging Face hub, and no such folder here") from error
+        except Exception as error:  # offline (HF_HUB_OFFLINE) or no network, and not in the cache
+            raise ValueError(f"{name} cannot be reached on the Hugging Face hub from here, and is not in its cache "
+                             f"({one_line(error, 200)})") from error  # fmt: skip
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{name} is not a model folder (no readable config.json: {error})") from error
+
+
+def checkpoint_folder(name: str) -> Path:
+    """A checkpoint's files here: a local folder as it is; a hub checkpoint's configuration, tokenizer and safetensors
+    (top level only: the hub's GPT-OSS repos keep other formats in subfolders), downloaded unless cached."""
+    if Path(name).expanduser().is_dir():
+        return Path(name).expanduser()
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"],
+                                  ignore_patterns=["*/*"]))  # fmt: skip
+
+
+def tensor_files(folder: Path) -> dict[str, Path]:
+    """Each tensor of a safetensors checkpoint, and the shard that holds it."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return {name: folder / shard for name, shard in json.loads(index.read_text())["weight_map"].items()}
+    files = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            files.update(dict.fromkeys(f.keys(), shard))  # noqa: SIM118 (safe_open has keys(), no iteration)
+    return files
+
+
+def tensor_shapes(folder: Path) -> dict[str, tuple]:
+    """Each tensor's shape, read from the shards' headers (nothing loaded)."""
+    from safetensors import safe_open
+
+    shapes, by_shard = {}, {}
+    for name, shard in tensor_files(folder).items():
+        by_shard.setdefault(shard, []).append(name)
+    for shard, names in by_shard.items():
+        with safe_open(str(shard), framework="pt") as f:
+            shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in names})
+    return shapes
+
+
+def adapter_products(folder: Path, shapes: dict[str, tuple]) -> tuple[dict[str, list[Product]], dict]:
+    """What the adapter in `folder` adds to each tensor of a base with these tensor shapes, read from the adapter's own
+    files: ({tensor: [Product]}, {tensor: its whole trained value} for modules trained in full, modules_to_save).
+    ValueError for an adapter that does not fit the base, or that holds what merge_2048 does not merge."""
+    import math
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        config = json.loads((folder / "adapter_config.json").read_text())
+        saved = load_file(str(folder / "adapter_model.safetensors"))
+    except (OSError, ValueError, SafetensorError) as error:  # a damaged or half-copied folder
+        raise ValueError(f"{folder} does not read as an adapter ({one_line(error, 200)})") from error
+    if not isinstance(config, dict) or not isinstance(config.get("r"), int) or "lora_alpha" not in config:
+        raise ValueError(f"{folder}: adapter_config.json names no LoRA rank and alpha")
+    if config.get("peft_type") != "LORA":
+        raise ValueError(f"{folder} holds a {config.get('peft_type')} adapter, not LoRA")
+    unsupported = {"use_dora": "DoRA", "rank_pattern": "ranks per module", "alpha_pattern": "alphas per module",
+                   "lora_bias": "LoRA biases", "fan_in_fan_out": "Conv1D layers", "trainable_token_indices": "token rows"}  # fmt: skip
+    for key, what in unsupported.items():
+        if config.get(key):
+            raise ValueError(f"{folder} uses {what} ({key}), which merge_2048 does not merge")
+    layout = config.get("unsloth_fused_expert_lora", {}).get("lora_B_layout", config.get("lora_B_layout", "rank_major"))
+    if layout != "rank_major":  # Unsloth's marker; PEFT (and this check) read B's columns rank-major only
+        raise ValueError(f"{folder}: its fused experts' LoRA B is laid out {layout!r} (an older Unsloth's), which PEFT "
+                         "reads as another adapter; merge it with that Unsloth's own save_pretrained_merged")  # fmt: skip
+    if config.get("bias", "none") != "none":
+        raise ValueError(f"{folder} trains biases (bias: {config['bias']}), which merge_2048 does not merge")
+    rank = config["r"]
+    scale = config["lora_alpha"] / (math.sqrt(rank) if config.get("use_rslora") else rank)
+    pairs, whole = {}, {}
+    for key, tensor in saved.items():
+        name = key.removeprefix("base_model.model.")
+        found = re.fullmatch(r"(.*)\.lora_([AB])\.weight", name)
+        if found:
+            pairs.setdefault(found[1], {})[found[2]] = tensor.double()
+        elif ".lora_" in name:
+            raise ValueError(f"{folder}: {key} is a kind of LoRA tensor merge_2048 does not merge")
+        elif shapes.get(name) != tuple(tensor.shape):
+            raise ValueError(f"{folder}: {key} ({tuple(tensor.shape)}) fits no tensor of the base")
+        else:
+            whole[name] = tensor
+    products = {}
+    for module, pair in sorted(pairs.items()):
+        a, b = pair.get("A"), pair.get("B")
+        if a is None or b is None or a.shape[0] != b.shape[1] or a.shape[0] % rank:
+            raise ValueError(f"{folder}: the LoRA of {module} is not a pair of rank {rank}")
+        split = SPLIT_EXPERT.match(module)
+        if split:  # Unsloth's Linear per expert: its weight (out, in) is the fused slice (in, out) transposed
+            name, index = f"{split['experts']}.{split['kind'][:-1]}", int(split["index"])
+            fits = len(shapes.get(name, ())) == 3 and index < shapes[name][0] and shapes[name][1:] == (a.shape[1], b.shape[0])
+            found = [Product(a, b, scale, expert=index)] if fits else []
+            names = [name]
+        elif a.shape[0] == rank:  # a Linear
+            names = [f"{module}.weight"]
+            found = [Product(a, b, scale)] if shapes.get(names[0]) == (b.shape[0], a.shape[1]) else []
+        else:  # PEFT's LoRA on a fused expert tensor, named after its module (nested: experts.base_layer...)
+            owner = re.sub(r"(\.base_layer)+$", "", module)
+            names = [n for n, s in shapes.items() if n.rpartition(".")[0] == owner and len(s) == 3
+                     and s[0] * rank == a.shape[0] and sorted(s[1:]) == sorted((a.shape[1], b.shape[0]))]  # fmt: skip
+            found = [Product(a, b, scale, experts=shapes[names[0]][0])] if len(names) == 1 else []
+        if not found:
+            raise ValueError(f"{folder}: the LoRA of {module} fits no tensor of the base ({names[:2] or 'none named so'})")
+        products.setdefault(names[0], []).extend(found)
+    return products, whole
+
+
+def merge_adapters(adapter: Path, base: Path, out: Path, products: dict, whole: dict, seed: int = 0) -> dict:
+    """Merge the adapter in `adapter` into the 16-bit checkpoint in `base` and write the merged model to `out`, with the
+    libraries' own code: transformers loads the base with its own classes, PEFT puts the adapters on it (a default
+    run's split-expert LoRA through attach_split_expert_lora) and merges them (merge_and_unload). Then the merge is
+    judged, and what 16 bits keep of the adapters is measured:
+
+    - judge_weights: every tensor of the checkpoint against the base tensor read + the adapters' products
+      (adapter_products), shard by shard, slice by slice. A wrong merge stops here;
+    - distributions: the base with the adapters applied unmerged samples two seeded completions of the training
+      prompt, and on them the merged checkpoint, reloaded with transformers' own classes (every tensor must load), is
+      compared with it (KL, and kept_effect: the share of the adapters' effect it keeps) and the base with it (the
+      adapters' own effect). In float32 arithmetic: in 16-bit arithmetic the unmerged and merged models round their
+      activations differently, by more than a real run's adapters move them. Never against a model quantized
+      otherwise (the 4-bit model a default run trained).
+
+    Returns the report (merge_report.json): "wrong" lists why the checkpoint is not base + adapters (empty when the
+    merge is correct). ValueError when the base does not load as a model of transformers' classes. On a GPU the
+    float32 models may not fit: accelerate then keeps part of them in CPU memory."""
+    import torch
+    from transformers import AutoTokenizer
+
+    source = adapter if (adapter / "tokenizer_config.json").is_file() else base
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as error:  # noqa: BLE001 - no tokenizer, or a damaged one: the user's to fix, in one line
+        raise ValueError(f"{source} holds no tokenizer that loads ({type(error).__name__}: {one_line(error)})") from error
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model, dtype, transposed = _with_adapters(base, adapter, dtype="auto", gpu=torch.cuda.is_available())
+    merged = model.merge_and_unload()
+    dtype = dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16  # merged_16bit: 16 bits
+    if merged.dtype != dtype:  # a float32 base (the CPU demo's)
+        merged = merged.to(dtype)
+    merged.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    del model, merged
+    _collect()
+    weights = judge_weights(out, base, products, whole, transposed)
+    report = {"adapter": str(adapter), "base": str(base), "dtype": str(dtype).removeprefix("torch."), **weights,
+              "adapters_kl": None, "kl_to_unmerged": None, "kept_effect": None, "kept_effect_error": None}  # fmt: skip
+    if report["wrong"]:
+        return report
+    room = _float32_room(base)
+    if room is None:
+        report["distributions"] = "not compared: the models do not fit in memory in float32"
+        return report
+    report["distributions"] = f"compared in float32 arithmetic, on the {room}"
+    unmerged, _, _ = _with_adapters(base, adapter, dtype=torch.float32, gpu=room == "GPU")
+    inputs = evaluation_prompt(tokenizer)
+    start = inputs["input_ids"].shape[1]
+    sequences = [inputs["input_ids"][0].tolist() + completion for completion in _samples(unmerged, tokenizer, inputs, seed, size=2)]
+    trained = _logprobs(unmerged, sequences, start)
+    with unmerged.disable_adapter():
+        plain = _logprobs(unmerged, sequences, start)
+    del unmerged
+    _collect()
+    reloaded, info = _load(out, torch.float32, gpu=room == "GPU")
+    if any(info.values()):
+        report["wrong"].append(f"it does not load as the base's model: {loading_problems(info)}")
+        return report
+    got = _logprobs(reloaded.eval(), sequences, start)
+    del reloaded
+    _collect()
+    kept = kept_effect({"trained": trained, "base": plain}, got)
+    report.update(adapters_kl=mean_kl(trained, plain), kl_to_unmerged=mean_kl(trained, got),
+                  kept_effect=kept[0] if kept else None, kept_effect_error=kept[1] if kept else None,
+                  positions=sum(len(s) - start for s in sequences))  # fmt: skip
+    return report
+
+
+def _load(folder: Path, dtype, gpu: bool):
+    """(model, loading info) with transformers' own classes, on the GPUs or on the CPU."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map="auto" if gpu else None,
+                                                output_loading_info=True)  # fmt: skip
+
+
+def _float32_room(base: Path) -> str | None:
+    """Where the base fits in float32 (4 bytes a weight, and a tenth more): "GPU" (free memory), "CPU" (available
+    memory), or None. A 20B model takes 84 GB: more than an H100 has, less than its host."""
+    import math
+
     import torch
 
-    prompt = prompt_inputs["input_ids"][0].tolist()
-    sequences = [prompt + completion for completion in _samples(model, tokenizer, prompt_inputs, seed)[:rows]]
-    trained = _logprobs(model, sequences, len(prompt))
-    with model.disable_adapter() if hasattr(model, "disable_adapter") else torch.no_grad():
-        base = _logprobs(model, sequences, len(prompt))
-    return {"sequences": sequences, "start": len(prompt), "trained": trained, "base": base}
+    need = 4.4 * sum(math.prod(shape) for shape in tensor_shapes(base).values())
+    if torch.cuda.is_available() and sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())) > need:
+        return "GPU"
+    try:
+        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        available = int(meminfo["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):  # not Linux: ask nothing, try
+        return "CPU"
+    return "CPU" if available > need else None
+
+
+def _with_adapters(base: Path, adapter: Path, dtype, gpu: bool):
+    """(the base with the adapters on it, the base's dtype, the fused expert modules laid out (experts, in, out)).
+    ValueError when the base does not load as a model of transformers' own classes."""
+    from peft import PeftModel
+
+    try:
+        model, info = _load(base, dtype, gpu)
+    except Exception as error:  # noqa: BLE001 - a damaged or foreign checkpoint: the user's to fix, in one line
+        raise ValueError(f"{base} does not load ({type(error).__name__}: {one_line(error)})") from error
+    if info["missing_keys"] or info["mismatched_keys"]:
+        raise ValueError(f"{base} does not load with transformers' own classes: {loading_problems(info)}")
+    transposed = {name for name, module in model.named_modules() if getattr(module, "is_transposed", False)}
+    base_dtype = model.dtype
+    if split_expert_lora(adapter):
+        return attach_split_expert_lora(model, adapter), base_dtype, transposed
+    return PeftModel.from_pretrained(model, str(adapter)), base_dtype, transposed
+
+
+def evaluation_prompt(tokenizer):
+    """The training prompt, with the default game settings, as model inputs (what the distributions are compared on)."""
+    import evaluation
+    import rewards
+
+    return evaluation.prompt_inputs(tokenizer, rewards.RewardSettings(), {"reasoning_effort": "low"})
+
+
+def _collect() -> None:
+    import gc
+
+    gc.collect()
+    _empty_cuda_cache()
+
+
+def one_line(error: BaseException, limit: int = 300) -> str:
+    return " ".join(str(error).split())[:limit]
+
+
+def loading_problems(info: dict) -> str:
+    """from_pretrained's loading info in a few words: what is missing, unexpected or mismatched."""
+    kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
+    return "; ".join(f"{len(info[k])} {k.replace('_', ' ')} ({sorted(map(str, info[k]))[:3]})" for k in kinds if info.get(k))
+
+
+def judge_weights(merged: Path, base: Path, products: dict, whole: dict, transposed: set[str]) -> dict:
+    """Every tensor of the merged checkpoint against the base's, one shard and one slice at a time (a 20B model's
+    expert tensors are 16 GB in float64): the base's own where no adapter reaches, else base + the adapters' products
+    rounded as a 16-bit merge must round: within the two 16-bit neighbours of the exact sum, give or take the
+    arithmetic the merge may do in 16 or 32 bits (MERGE_SLACK, SUM_SLACK). Also measured: how much of the adapters'
+    change the 16-bit weights keep (the merged change projected on the adapters' own, over every weight they reach),
+    and how many weights they change that stay the base's in 16 bits."""
+    import contextlib
+
+    import torch
+    from safetensors import safe_open
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    base_files, merged_files = tensor_files(base), tensor_files(merged)
+    wrong = [f"{name} is missing" for name in sorted((products.keys() | whole.keys()) - merged_files.keys())]
+    wrong += [f"{name} is not in the base" for name in sorted(merged_files.keys() - base_files.keys())]
+    totals = dict.fromkeys(("along", "norm", "changed", "rounded_away"), 0)
+    with contextlib.ExitStack() as stack:
+        opened = {}
+
+        def tensor(path: Path, name: str):
+            if path not in opened:
+                opened[path] = stack.enter_context(safe_open(str(path), framework="pt"))
+            return opened[path].get_tensor(name)
+
+        for name in sorted(merged_files.keys() & base_files.keys(), key=lambda n: (str(merged_files[n]), n)):
+            got, was = tensor(merged_files[name], name), tensor(base_files[name], name)
+            if got.shape != was.shape:
+                wrong.append(f"{name} is {tuple(got.shape)}, the base's {tuple(was.shape)}")
+                continue
+            if name not in products and name not in whole:
+                differ = int((got != was.to(got.dtype)).sum())
+                if differ:
+                    wrong.append(f"{name}: {differ} of {got.numel()} weights differ from the base's, and no adapter "
+                                 "changes it")  # fmt: skip
+                continue
+            owner = name.rpartition(".")[0]
+            bad = 0
+            for expert, rows in _slices(got.shape):
+                part = _judge_slice(got, was, products.get(name, []), whole.get(name), expert, rows,
+                                    owner in transposed, device)  # fmt: skip
+                bad += part.pop("bad")
+                for key, value in part.items():
+                    totals[key] += value
+            if bad:
+                dtype = str(got.dtype).removeprefix("torch.")
+                wrong.append(f"{name}: {bad} of {got.numel()} weights are not base + adapters rounded to {dtype}")
+    checked = len(merged_files.keys() & base_files.keys())
+    kept = totals["along"] / totals["norm"] if totals["norm"] else None
+    return {"wrong": wrong, "tensors": checked, "adapted_tensors": len(products.keys() | whole.keys()), "kept": kept,
+            "changed_weights": totals["changed"], "rounded_away": totals["rounded_away"]}  # fmt: skip
+
+
+def _slices(shape: tuple):
+    """(expert or None, rows) pieces of a tensor of up to 2**24 elements: per expert, then per block of rows."""
+    experts = shape[0] if len(shape) == 3 else None
+    rows = shape[-2] if len(shape) >= 2 else 1
+    step = max(1, 2**24 // (shape[-1] if len(shape) >= 2 else max(1, shape[0])))
+    for expert in range(experts) if experts is not None else [None]:
+        for start in range(0, rows, step):
+            yield expert, slice(start, start + step)
+
+
+def _judge_slice(got, was, products: list[Product], whole, expert, rows, transposed: bool, device) -> dict:
+    import torch
+
+    pick = (lambda t: t[expert][rows]) if expert is not None else (lambda t: t[rows] if t.dim() > 1 else t)
+    merged, base = pick(got).to(device), pick(was).to(device, torch.float64)
+    if whole is not None:  # a module trained in full: its merged value is its own, in 16 bits
+        exact = pick(whole).to(device, torch.float64)
+        delta, bound = exact - base, torch.zeros_like(base)
+    else:
+        delta, bound = torch.zeros_like(base), torch.zeros_like(base)
+        for product in products:
+            pair = product.pair(expert, transposed)
+            if pair is None:
+                continue
+            a, b, flipped = (t.to(device) if torch.is_tensor(t) else t for t in pair)
+            if flipped:  # the slice holds (B @ A).T: its rows are A's columns
+                delta += product.scale * (a[:, rows].T @ b.T)
+                bound += abs(product.scale) * (a[:, rows].abs().T @ b.abs().T)
+            else:
+                delta += product.scale * (b[rows] @ a)
+                bound += abs(product.scale) * (b[rows].abs() @ a.abs())
+        exact = base + delta
+    slack = MERGE_SLACK * bound + SUM_SLACK * base.abs()
+    low, high = (exact - slack).to(merged.dtype), (exact + slack).to(merged.dtype)
+    plain = pick(was).to(device, merged.dtype)  # the base in 16 bits
+    moved = merged.double() - plain.double()
+    changed = delta != 0
+    return {"bad": int(((merged < low) | (merged > high)).sum()), "along": float((moved * delta).sum()),
+            "norm": float((delta * delta).sum()), "changed": int(changed.sum()),
+            "rounded_away": int((changed & (merged == plain)).sum())}  # fmt: skip
 
 
 def _logprobs(model, sequences: list[list[int]], start: int) -> list:
-    """Log-softmax of the next-token logits at positions start-1 .. end-2 of each sequence (float32, on the CPU)."""
+    """Log-softmax of the next-token logits at positions start-1 .. end-2 of each sequence, on the CPU, in float64 (the
+    KL between models that differ by a real run's adapters is below float32's resolution of a log-probability)."""
     import torch
 
     device = next(p for p in model.parameters() if p.device.type != "meta").device
@@ -634,7 +979,7 @@ def _logprobs(model, sequences: list[list[int]], start: int) -> list:
     with torch.no_grad():
         for ids in sequences:
             logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, start - 1 : len(ids) - 1]
-            out.append(torch.log_softmax(logits.float(), dim=-1).cpu())
+            out.append(torch.log_softmax(logits.double(), dim=-1).cpu())
     return out
 
 
@@ -646,9 +991,9 @@ def mean_kl(reference: list, other: list) -> float:
 
 def kept_effect(reference: dict, saved: list) -> tuple[float, float] | None:
     """(share, its standard error) of the adapters' effect a merged model keeps, or None when the adapters change
-    nothing at all. Per position, with the trained probabilities p as weights: the adapters' shift d = trained - base
-    and the merged one m = saved - base (log-probabilities, each centred on its p-mean), share = sum <m, d>_p / sum
-    <d, d>_p over positions; the error from how the positions' own ratios scatter around it."""
+    nothing at all. Per position, with the unmerged model's probabilities p as weights: the adapters' shift d =
+    trained - base and the merged one m = saved - base (log-probabilities, each centred on its p-mean), share =
+    sum <m, d>_p / sum <d, d>_p over positions; the error from how the positions' own ratios scatter around it."""
     import torch
 
     along, norms = [], []
@@ -665,73 +1010,3 @@ def kept_effect(reference: dict, saved: list) -> tuple[float, float] | None:
         return None
     share = float(along.sum()) / total
     return share, float((along - share * norms).pow(2).sum().sqrt()) / total
-
-
-def verify_merged(folder: Path, reference: dict) -> bool:
-    """Load `folder` alone in a fresh process with transformers' own classes (not Unsloth's, which replace GPT-OSS's
-    experts process-wide and cannot load a fused checkpoint) and compare its distributions with the trained model's.
-    Fails when a tensor is missing or unexpected, when the mean KL exceeds MERGED_KL_TOLERANCE, or when the share of
-    the adapters' effect it keeps is not within MERGED_KEPT (or cannot be told to be)."""
-    import torch
-
-    with tempfile.TemporaryDirectory(prefix="verify-merged-") as scratch:
-        asked, answered = Path(scratch) / "sequences.pt", Path(scratch) / "logprobs.pt"
-        torch.save({"sequences": reference["sequences"], "start": reference["start"]}, asked)
-        result = subprocess.run([sys.executable, __file__, "merged-logprobs", str(folder), str(asked), str(answered)],
-                                capture_output=True, text=True)  # fmt: skip
-        if result.returncode != 0:
-            why = (result.stdout + result.stderr).strip().splitlines() or [f"exit status {result.returncode}"]
-            log.error(f"{folder}: the merged checkpoint does not load as the trained model: {why[-1]}")
-            return False
-        saved = torch.load(answered)
-    kl_saved, kl_base = mean_kl(reference["trained"], saved), mean_kl(reference["trained"], reference["base"])
-    kept = kept_effect(reference, saved)
-    numbers = (f"KL from the trained model {kl_saved:.2g} nats/token (tolerance {MERGED_KL_TOLERANCE:g}); the "
-               f"adapters move the base by {kl_base:.2g}")  # fmt: skip
-    if kept is not None:
-        numbers += f", and it keeps {kept[0]:.3f} ± {kept[1]:.3f} of that (needed: {MERGED_KEPT[0]:g}-{MERGED_KEPT[1]:g})"
-    if kl_saved > MERGED_KL_TOLERANCE:
-        log.error(f"{folder}: reloaded alone, it is not the trained model: {numbers}")
-        return False
-    if kept is None:  # trained == base to the bit: LoRA B still zero (no reward spread, no gradient): nothing to keep
-        log.warning(f"{folder}: reloaded alone, it is within tolerance of the trained model ({numbers}), but the "
-                    "adapters do not change the model at all, so there is nothing the merge could have lost")  # fmt: skip
-        return True
-    share, error = kept
-    if MERGED_KEPT[0] <= share - 2 * error and share + 2 * error <= MERGED_KEPT[1]:
-        log.info(f"verified {folder}: every tensor loads in a fresh process, and it is the trained model: {numbers}")
-        return True
-    if share + 2 * error < MERGED_KEPT[0]:
-        why = ("it lost part of the adapters' effect (a LoRA left out, or LoRA changes below a 16-bit weight's last "
-               "digit, which rounding erases)")  # fmt: skip
-    elif share - 2 * error > MERGED_KEPT[1]:
-        why = "it adds more than the adapters' effect"
-    else:
-        why = "the share of the adapters' effect it keeps is too uncertain to vouch for"
-    log.error(f"{folder}: reloaded alone, it is not shown to be the trained model, {why}: {numbers}; final/ holds the "
-              "verified adapters")  # fmt: skip
-    return False
-
-
-def _merged_logprobs_main(folder: str, asked: str, answered: str) -> int:
-    """The fresh process of verify_merged: load, refuse a checkpoint with missing or unexpected tensors, answer."""
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    device_map = {"": 0} if torch.cuda.is_available() else None
-    model, info = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", device_map=device_map,
-                                                       output_loading_info=True)  # fmt: skip
-    problems = {kind: info.get(kind) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-    if any(problems.values()):
-        print("; ".join(f"{len(v)} {k.replace('_', ' ')} ({sorted(map(str, v))[:3]})" for k, v in problems.items() if v))
-        return 1
-    request = torch.load(asked)
-    torch.save(_logprobs(model.eval(), request["sequences"], request["start"]), answered)
-    return 0
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["merged-logprobs"]:
-    sys.exit(_merged_logprobs_main(*sys.argv[2:5]))

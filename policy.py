@@ -135,6 +135,17 @@ def served(module: str, name: str) -> bool:
     return not isinstance(value, types.ModuleType) or value.__name__ in MODULES
 
 
+@functools.cache
+def star_names(module: str) -> tuple[str, ...]:
+    """What `from module import *` binds, in the sandbox as in the judge: the served names of the module's `__all__`
+    when it has one (its copy's `__all__`), else every public name its copy holds."""
+    real = importlib.import_module(module)
+    if hasattr(real, "__all__"):
+        return tuple(name for name in real.__all__ if served(module, name))
+    names = SYS_NAMES if module == "sys" else public_names(module)
+    return tuple(sorted(name for name in names if hasattr(real, name) and served(module, name)))
+
+
 def prompt_rules() -> str:
     """The contract in the prompt's words (rewards.build_prompt): what the judge and the sandbox enforce, said once."""
     modules = ", ".join(m for m in sorted(MODULES) if m not in ("__future__", "collections.abc", "sys"))
@@ -227,9 +238,12 @@ def problems(tree: ast.Module) -> tuple[list[str], str | None]:
             module = node.module or ""
             if node.level or module not in MODULES:
                 refuse(f"import from {'.' * node.level}{module}")
-            for alias in node.names:
+            star = [alias.name for alias in node.names] == ["*"] and module in MODULES and not node.level
+            for name in star_names(module) if star else ():
+                bind(name)  # as plain Python binds them: re's `compile` is then re.compile, not the builtin
+            for alias in node.names if not star else ():
                 bind(alias.asname or alias.name)
-                if alias.name != "*" and module in MODULES and not node.level and not served(module, alias.name):
+                if module in MODULES and not node.level and not served(module, alias.name):
                     refuse(f"{module}.{alias.name}, which the contract leaves out")
         elif isinstance(node, ast.keyword):
             if node.arg and not attribute_allowed(node.arg):

@@ -277,6 +277,15 @@ def game_seeds(settings: RewardSettings, salt: str, step: int, call: int) -> lis
     ]
 
 
+def held_out_seeds(salt: str, n: int) -> list[int]:
+    """The run's held-out games, for its evaluations and its strategy archive alike: n consecutive seeds from a secret
+    start drawn from the salt (kept in every checkpoint), so that `evaluate_2048.py --seed <first> --games n` replays
+    them, and no strategy can tell them apart from other games (with public seeds, a strategy that knows them
+    recognises each game by its own `random`'s first draw, and can play it with foresight)."""
+    start = int.from_bytes(hashlib.sha256(f"train_2048/held-out/{salt}".encode()).digest()[:6], "big")
+    return [start + i for i in range(n)]
+
+
 def new_salt() -> str:
     return secrets.token_hex(16)
 
@@ -337,17 +346,17 @@ def make_judge(settings: RewardSettings):
     return judge
 
 
-def play_answers(codes: list[str], seeds: list[int], settings: RewardSettings, seconds: float | None = None) -> dict:
+def play_answers(codes: list[str], seeds: list[int], settings: RewardSettings, deadline: float = math.inf) -> dict:
     """code -> the GameResults of its games on `seeds`, in seed order, played in the sandbox as an answer is played for
     its reward (the strategy archive re-scores the same way): game by game across the answers, so one that stalls is
     found out in its first games and not played on; once one of an answer's games timed out, or its games together
-    took answer_time_limit (or `seconds`, when lower), its games not yet started are not played and not in its list.
-    Raises when the sandbox itself fails."""
+    took answer_time_limit, its games not yet started are not played and not in its list; nor is any game that would
+    start after `deadline` (time.monotonic()). Raises when the sandbox itself fails."""
     jobs = [(code, seed, settings) for seed in seeds for code in codes]
-    limit = settings.answer_time_limit if seconds is None else min(settings.answer_time_limit, seconds)
     results = sandbox.play_many(
-        jobs, strict=settings.require_seccomp, groups=[code for code, _, _ in jobs], group_seconds=limit
-    )
+        jobs, strict=settings.require_seccomp, groups=[code for code, _, _ in jobs],
+        group_seconds=settings.answer_time_limit, deadline=deadline,
+    )  # fmt: skip
     played = {code: [] for code in codes}
     for (code, _, _), result in zip(jobs, results):
         if result is not None:

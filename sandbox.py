@@ -186,6 +186,7 @@ def play_many(
     record_keys: bool = False,
     groups: list | None = None,
     group_seconds: float = math.inf,
+    deadline: float = math.inf,
     _unrestricted: bool | str = False,
 ) -> list[GameResult | None]:
     """Play `(code, seed, game)` jobs at once (`game` a Game); results in job order.
@@ -193,7 +194,8 @@ def play_many(
     Up to `workers` games run at a time (default: the cores this process may use), started in job order. `groups` (a
     key per job) bounds the time of related games: once a game of a group has timed out, or its games together have
     taken `group_seconds`, the group's jobs not yet started are not played, and their results are None. The rewards
-    group each answer's games so, that an answer that stalls is not played to the limit in all of them.
+    group each answer's games so, that an answer that stalls is not played to the limit in all of them. No job starts
+    after `deadline` (a time.monotonic() time; its result is None), so the call ends within one game's limit of it.
     """
     specs = [_job(code, seed, game, record_keys, _unrestricted) for code, seed, game in jobs]  # raises now
     if groups is not None and len(groups) != len(specs):
@@ -221,6 +223,9 @@ def play_many(
             # A game frees its slot when its result arrives; its referee's clean-up overlaps the next game.
             while queue and sum(g.result is None for g in active.values()) < workers:
                 i = queue.popleft()
+                if time.monotonic() >= deadline:
+                    queue.clear()  # out of time: none of the rest starts (None)
+                    break
                 if groups is not None and spent.get(groups[i], 0.0) >= group_seconds:
                     continue  # its group is out of time: not played (None)
                 if isinstance(specs[i], GameResult):  # decided without a process (code too long)

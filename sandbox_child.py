@@ -403,8 +403,8 @@ def prepare_runtime() -> None:
             if hasattr(real, attr) and policy.served(name, attr):
                 value = getattr(real, attr)
                 setattr(proxy, attr, _PROXIES[value.__name__] if isinstance(value, types.ModuleType) else value)
-        if hasattr(real, "__all__"):  # what `from name import *` binds, as it does in plain Python
-            proxy.__all__ = [attr for attr in real.__all__ if policy.served(name, attr)]
+        if hasattr(real, "__all__"):  # what `from name import *` binds (policy.star_names), as in plain Python
+            proxy.__all__ = list(policy.star_names(name))
     _SAFE_BUILTINS.update({n: getattr(builtins, n) for n in policy.ALLOWED_BUILTINS})
     _SAFE_BUILTINS.update(
         __import__=_restricted_import,  # what `import` statements call; not a name the code may use

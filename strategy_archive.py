@@ -3,16 +3,22 @@
 The rewards play every answer and keep only its score; the archive keeps the strategies. Every distinct playable
 strategy the rewards played (distinct by its syntax tree: formatting and comments do not count) is kept on the trusted
 side with the step it first appeared at, how many times it was written, and its scores on the games it played for its
-reward. A rank must not hang on the luck of one step's games: a candidate for the top is re-scored on fixed held-out
-games (the evaluation's seeds, or --archive_games) before it is ranked, through the rewards' own play
-(rewards.play_answers: the same sandbox, the same walls, the same game score), within a share of the training time
-(--archive_budget). The top N (--archive_size) go to <output_dir>/strategies/ at every save and at the end: one .py
-each with a header of ours, index.json and best.py, swapped in whole. Each checkpoint holds the whole archive
-(strategy_archive.json, written before transformers marks the checkpoint complete), so --resume continues it.
+reward. A rank must not hang on the luck of one step's games: a candidate for the top is re-scored on the run's
+held-out games (rewards.held_out_seeds: secret, like the training games, so no strategy can recognise them) before it
+is ranked, through the rewards' own play (rewards.play_answers: the same sandbox, the same walls, the same game score),
+within a share of the training time (--archive_budget): no game of a re-scoring starts once the step's credit is
+spent, so a call ends within one game's time limit of it. The top N (--archive_size) go to
+<output_dir>/strategies/ at every save and at the end: one .py each, index.json and best.py, swapped in whole. Each
+checkpoint holds the whole archive (strategy_archive.json, written before transformers marks the checkpoint complete),
+so --resume continues it; a damaged one is one line and a fresh archive, and a copy of the files that holds strategies
+the archive does not know is kept, never deleted.
 
 A strategy's code is untrusted data here: parsed to tell strategies apart (rewards.analyse has parsed it already),
-never compiled or run outside the sandbox. What we write around it is comments, a guard that stops `python best.py`
-before any of it runs, and numbers; none of the model's text goes into a line of ours.
+never compiled or run outside the sandbox. Each file keeps it as data, a string constant (strategy_file): importing or
+running the file runs none of it, whatever the model wrote, and `python <file>` hands it to evaluate_2048.py --watch,
+which plays it in the sandbox; evaluation.file_source reads the string back from the file's syntax tree, the very
+text the rewards played. Around it are comments, numbers and our words; none of the model's text goes into a line of
+ours.
 
 Wiring (train_2048.py): `watch(judge)` wraps the rewards' judge, so every batch's verdicts pass through `record`; as a
 TrainerCallback the archive closes each step (every process's records merged on the main one, candidates re-scored),
@@ -32,28 +38,30 @@ import math
 import os
 import shlex
 import shutil
+import sys
 import tempfile
 import time
+import typing
 from contextlib import nullcontext
 from pathlib import Path
 from typing import NamedTuple
 
 from transformers import TrainerCallback
 
+import evaluation
 import rewards
 import sandbox
 
 log = logging.getLogger("train_2048")
 
 STATE_FILE = "strategy_archive.json"  # in each checkpoint-N: the whole archive, as JSON (never pickled)
+STATE_FORMAT = 2  # format 1 (before the rescored_* fields) still loads
 FOLDER = "strategies"  # in output_dir: a link to the latest complete copy, .strategies-<step>-<random>/
 CARRY_STEPS = 10  # unused re-scoring time carries over, up to this many steps' worth
 CHILD_SECONDS = 0.01  # a sandboxed game's cost beyond its own time (a fork and a referee; docs/PERF.md: 5-7 ms)
 PANEL_ROWS = 5  # strategies in the TensorBoard text panel
-GUARD = (
-    'if __name__ == "__main__":  # written by train_2048: a model wrote this code; it runs in the sandbox only\n'
-    '    raise SystemExit("untrusted code written by a model: play it with evaluate_2048.py --strategy or --watch")\n'
-)
+STATUSES = ("seen", "ranked", "too_slow", "cheats")
+PROJECT = Path(__file__).resolve().parent  # the train_2048 whose evaluate_2048.py plays a written file
 
 
 @functools.lru_cache(maxsize=4096)
@@ -99,10 +107,18 @@ class Entry:
     train_seconds: float = 0.0
     status: str = "seen"  # seen | ranked (re-scored on every held-out game) | too_slow | cheats
     held_out: dict | None = None  # once ranked: games, reward, score, win_rate, max_tile (means over the games)
+    rescored_games: int = 0  # held-out games it played in re-scorings that ran out of time before its turn ended
+    rescored_seconds: float = 0.0  # and what they took: its cost on held-out games, where training's misled
 
     @property
     def train_mean(self) -> float:
         return self.train_reward / self.train_games if self.train_games else -math.inf
+
+    def seconds_per_game(self) -> float:
+        """What one held-out game of it is expected to take: what its training games took, or what its held-out
+        games took when those were slower (a strategy fast in training need not be fast on other games)."""
+        rescored = self.rescored_seconds / self.rescored_games if self.rescored_games else 0.0
+        return max(self.train_seconds / self.train_games, rescored) + CHILD_SECONDS
 
     def rank_key(self) -> tuple:
         """Best first: held-out reward, then points; the earlier strategy first among equals."""
@@ -247,12 +263,15 @@ class StrategyArchive(TrainerCallback):
         return sorted(waiting, key=lambda e: (-e.train_mean, e.first_step, e.id))
 
     def rescore(self) -> float:
-        """Re-score the candidates, best first, while what their training games took fits the credit; returns the
-        seconds spent. One whose predicted cost exceeds what may ever be saved up is too slow to re-score."""
+        """Re-score the candidates, best first, while what their games are expected to take fits the credit; returns
+        the seconds spent. No game starts once the credit is spent, so the call takes at most the credit and one
+        game's time limit, whatever the candidates do on the held-out games. One whose cost exceeds what may ever be
+        saved up is too slow to re-score, and so is one whose own games stop it (a game timed out, or they took
+        answer_time_limit together, as for a reward); one the call's end cut short waits, its cost now known."""
         workers = len(os.sched_getaffinity(0))
         chosen, cost, slowest, full = [], 0.0, 0.0, False
         for entry in self.candidates():
-            per_game = entry.train_seconds / entry.train_games + CHILD_SECONDS
+            per_game = entry.seconds_per_game()
             need = per_game * len(self.seeds)  # seconds of games; they run `workers` at a time
             if max(need / workers, per_game) > self.carry():
                 entry.status = "too_slow"
@@ -266,7 +285,7 @@ class StrategyArchive(TrainerCallback):
         started = time.monotonic()
         try:
             played = rewards.play_answers([e.code for e in chosen], self.seeds, self.settings,
-                                          seconds=max(self.credit, 0.0) * workers)  # fmt: skip
+                                          deadline=started + self.credit)  # fmt: skip
         except Exception as exc:  # the sandbox failed: they stay candidates
             log.error(f"strategy archive: the sandbox failed, nothing re-scored: {type(exc).__name__}: {exc}")
             played = None
@@ -275,12 +294,16 @@ class StrategyArchive(TrainerCallback):
         self.spent_seconds += spent
         for entry in chosen if played is not None else []:
             games = played[entry.code]
+            took = sum(g.seconds for g in games)
             if any(g.status == "violation" for g in games):
                 mark_cheating(entry)
-            elif len(games) < len(self.seeds):  # its games ran over what it may take: the rest were not started
-                entry.status = "too_slow"
-            else:
+            elif len(games) == len(self.seeds):
                 entry.status, entry.held_out = "ranked", held_out_stats([game_row(g, self.settings) for g in games])
+            elif any(g.status == "timeout" for g in games) or took >= self.settings.answer_time_limit:
+                entry.status = "too_slow"  # its own games stopped it, as they stop an answer's reward
+            else:  # the call ran out of time first: it waits, its cost now counted from these games
+                entry.rescored_games += len(games)
+                entry.rescored_seconds += took
         return spent
 
     # --- reporting ----------------------------------------------------------------------------------------------
@@ -379,6 +402,7 @@ class StrategyArchive(TrainerCallback):
         }
         (folder / "index.json").write_text(json.dumps(index, indent=1) + "\n")
         link = self.output_dir / FOLDER
+        keep = self.unknown_copy(link)
         tmp_link = self.output_dir / f".{FOLDER}.link-{os.getpid()}"
         tmp_link.unlink(missing_ok=True)
         os.symlink(folder.name, tmp_link)
@@ -389,9 +413,28 @@ class StrategyArchive(TrainerCallback):
             log.warning(f"strategy archive: cannot replace {link} ({exc.strerror}); this copy is in {folder}")
             return folder
         for old in self.output_dir.glob(f".{FOLDER}-*"):  # earlier copies, and any a crash left
-            if old != folder:
+            if old == keep:
+                kept = old.with_name(old.name.lstrip("."))
+                old.rename(kept)
+                log.warning(f"strategy archive: {link} showed strategies this archive does not know (it did not "
+                            f"continue the state that wrote them); that copy is kept as {kept}")  # fmt: skip
+            elif old != folder:
                 shutil.rmtree(old, ignore_errors=True)
         return folder
+
+    def unknown_copy(self, link: Path) -> Path | None:
+        """The copy `link` shows when it holds a strategy this archive does not know, or an index that cannot be read:
+        the files of a state this archive did not continue (a damaged checkpoint, or a save newer than the checkpoint
+        resumed), which a copy that holds less must not replace. None when there is none, or this archive knows it."""
+        if not link.is_symlink():
+            return None
+        target = link.parent / os.readlink(link)
+        try:
+            shown = json.loads((target / "index.json").read_text())["strategies"]
+            known = {row["id"] for row in shown} <= self.entries.keys()
+        except (OSError, ValueError, LookupError, TypeError, RecursionError):
+            known = False
+        return None if known or not target.is_dir() else target
 
     def entry_json(self, entry: Entry) -> dict:
         n = max(entry.train_games, 1)
@@ -401,14 +444,16 @@ class StrategyArchive(TrainerCallback):
                 "held_out": entry.held_out, "training": train}  # fmt: skip
 
     def strategy_file(self, entry: Entry, rank: int, step: int) -> str:
-        """A ranked strategy as a file: our header (comments: numbers and our words only), the guard, its code."""
+        """A ranked strategy as a file: our header (comments: numbers and our words only), then the model's code as
+        data (strategy_code) and what `python <this file>` does with it: hand it to evaluate_2048.py --watch."""
         s, h = self.settings, entry.held_out
         train = self.entry_json(entry)["training"]
-        command = ["python evaluate_2048.py --strategy <this file>", board_flags(s), f"--games {len(self.seeds)}",
-                   f"--seed {self.seeds[0]}   (or --watch <this file>)"]  # fmt: skip
+        command = ["python evaluate_2048.py --strategy <this file>", shlex.join(game_options(s)),
+                   f"--games {len(self.seeds)}", f"--seed {self.seeds[0]}"]  # fmt: skip
         header = [
-            f"train_2048 strategy archive, rank {rank} at step {step}: written by the model during training",
-            "Untrusted code: play it in the sandbox, never import or run it yourself:",
+            f"train_2048 strategy archive, rank {rank} at step {step}: a strategy the model wrote during training",
+            f"Untrusted code, kept as data: the string {evaluation.ARCHIVED_CODE} below, which this file never runs.",
+            "`python <this file>` plays a game of it in train_2048's sandbox (evaluate_2048.py --watch); to measure it:",
             "  " + " ".join(part for part in command if part),
             f"first written at step {entry.first_step}; written {times(entry.times)}",
             f"held-out games: {h['games']} (seeds {self.seeds[0]}-{self.seeds[-1]}, {s.size}x{s.size} board to "
@@ -418,11 +463,11 @@ class StrategyArchive(TrainerCallback):
             f"win rate {train['win_rate']:.0%}, largest tile {train['max_tile']}",
             f"id {entry.id} (a digest of its syntax tree: formatting and comments do not count)",
         ]
-        return guarded(entry.code, "".join(comment(line) for line in header))
+        return "".join(comment(line) for line in header) + strategy_code(entry.code, game_options(s))
 
     def state(self) -> dict:
         return {
-            "format": 1,
+            "format": STATE_FORMAT,
             "board": self.settings.rules() | {"profile": self.settings.profile},
             "seeds": self.seeds,
             "credit": self.credit,
@@ -442,27 +487,106 @@ class StrategyArchive(TrainerCallback):
             os.replace(tmp, checkpoint / STATE_FILE)
 
     def load_state(self, checkpoint: Path) -> None:
-        """Continue the archive a checkpoint holds; a checkpoint without one (or of another board) starts a new one.
-        Held-out scores on other seeds than this run's are dropped: those strategies are re-scored."""
+        """Continue the archive a checkpoint holds; a checkpoint without one, with a damaged one (state_problem), or of
+        another board starts a new one, in one line, and the files already written stay (unknown_copy). Held-out
+        scores on other seeds than this run's are dropped: those strategies are re-scored."""
         path = checkpoint / STATE_FILE
         try:
-            saved = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            log.warning(f"{checkpoint} holds no strategy archive ({type(exc).__name__}): a new one starts here")
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            log.warning(f"{checkpoint} holds no strategy archive: a new one starts here")
             return
-        if saved.get("board") != self.settings.rules() | {"profile": self.settings.profile}:
+        except (OSError, ValueError, RecursionError) as exc:
+            problem = f"unreadable: {type(exc).__name__}"
+        else:
+            problem = state_problem(saved)
+        if problem is not None:
+            log.warning(f"{path} is damaged ({problem}): a new strategy archive starts here (the strategies already "
+                        f"in {self.output_dir / FOLDER} are kept)")  # fmt: skip
+            return
+        if saved["board"] != self.settings.rules() | {"profile": self.settings.profile}:
             log.warning(f"{path} was played on another board or profile: a new strategy archive starts here")
             return
         self.entries = {e["id"]: Entry(**e) for e in saved["entries"]}
         self.credit, self.steps, self.answers = saved["credit"], saved["steps"], saved["answers"]
         self.training_seconds, self.spent_seconds = saved["training_seconds"], saved["spent_seconds"]
-        self.reported["best"] = saved.get("reported")
+        self.reported["best"] = saved["reported"]
         if saved["seeds"] != self.seeds:
             log.warning(f"{path} re-scored on other held-out games: its ranked strategies are re-scored again")
             for entry in self.entries.values():
                 if entry.status in ("ranked", "too_slow"):
                     entry.status, entry.held_out = "seen", None
         log.info(f"strategy archive: continuing {checkpoint}'s, {len(self.entries)} distinct strategies")
+
+
+STATE_TYPES = {"format": int, "board": dict, "seeds": list, "credit": float, "training_seconds": float, "steps": int,
+               "answers": int, "spent_seconds": float, "reported": str | None, "entries": list}  # fmt: skip
+HELD_OUT_TYPES = {"games": int, "reward": float, "score": float, "win_rate": float, "max_tile": int, "seconds": float}
+NEW_IN_FORMAT_2 = {"rescored_games": 0, "rescored_seconds": 0.0}
+
+
+def state_problem(saved) -> str | None:
+    """Why a checkpoint's archive (JSON, as read) cannot be continued, or None: every field there and of its type,
+    none unknown, each strategy's code the one its id names (so it parses), statuses that agree with the rest."""
+    problem = fields_problem(saved, STATE_TYPES, "") if isinstance(saved, dict) else "not a JSON object"
+    if problem is None and saved["format"] not in (1, STATE_FORMAT):
+        problem = f"format {saved['format']}, not {STATE_FORMAT}"
+    if problem is None and not all(is_a(seed, int) for seed in saved["seeds"]):
+        problem = "seeds is not a list of counts"
+    if problem is not None:
+        return problem
+    entry_types, ids = typing.get_type_hints(Entry), set()
+    for i, entry in enumerate(saved["entries"]):
+        where = f"entries[{i}]"
+        if not isinstance(entry, dict):
+            return f"{where} is not an object"
+        if saved["format"] == 1:
+            entry = {**NEW_IN_FORMAT_2, **entry}
+            saved["entries"][i] = entry
+        problem = fields_problem(entry, entry_types, where + ".")
+        if problem is not None:
+            return problem
+        code, status, held_out = entry["code"], entry["status"], entry["held_out"]
+        if status not in STATUSES:
+            return f"{where}: status {status!r}, not one of {', '.join(STATUSES)}"
+        if (code is None) != (status == "cheats"):
+            return f"{where}: {'no code' if code is None else 'code'} with status {status!r}"
+        if code is not None and strategy_id(code) != entry["id"]:
+            return f"{where}: its code does not parse, or is not the strategy its id names"
+        if entry["id"] in ids:
+            return f"{where}: id {entry['id']} twice"
+        ids.add(entry["id"])
+        if (held_out is None) == (status == "ranked"):
+            return f"{where}: {'no held-out scores' if held_out is None else 'held-out scores'} with status {status!r}"
+        if held_out is not None and (problem := fields_problem(held_out, HELD_OUT_TYPES, f"{where}.held_out.")):
+            return problem
+    return None
+
+
+def fields_problem(saved: dict, types: dict, where: str) -> str | None:
+    """The first field of `saved` (`where` names it: "" or "entries[3].") that is unknown, missing or not of its type
+    in `types` (is_a), said in a few words."""
+    unknown, missing = sorted(saved.keys() - types.keys()), sorted(types.keys() - saved.keys())
+    if unknown or missing:
+        return f"unknown field {where}{unknown[0]}" if unknown else f"no field {where}{missing[0]}"
+    for name, kind in types.items():
+        if not is_a(saved[name], kind):
+            names = {int: "a count", float: "a number", str: "a string", dict: "an object", list: "a list"}
+            kinds = " or ".join(names.get(k, "null") for k in typing.get_args(kind) or (kind,))
+            return f"{where}{name} is {json.dumps(saved[name])[:40]}, not {kinds}"
+    return None
+
+
+def is_a(value, kind) -> bool:
+    """Whether a JSON value is of a field's type: an int is a float too, but a bool is neither; an int is a count
+    (never negative), a float a finite number."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, float):
+        return math.isfinite(value) and isinstance(1.0, kind)
+    if isinstance(value, int):
+        return value >= 0 if isinstance(1, kind) else isinstance(1.0, kind)
+    return isinstance(value, kind)
 
 
 def mark_cheating(entry: Entry) -> None:
@@ -488,23 +612,34 @@ def times(n: int) -> str:
     return "once" if n == 1 else f"{n} times"
 
 
-def board_flags(settings) -> str:
-    """evaluate_2048.py's flags for the run's game where it differs from the default one (sandbox.Game's)."""
+def game_options(settings) -> list[str]:
+    """evaluate_2048.py's options for the run's game where it differs from the default one (sandbox.Game's)."""
     default = sandbox.Game()
     names = ("size", "target", "probability_fours", "keys", "max_moves")
-    changed = [n for n in names if getattr(settings, n) != getattr(default, n)]
-    return " ".join(f"--{n} {shlex.quote(str(getattr(settings, n)))}" for n in changed)
+    return [f"--{n}={getattr(settings, n)}" for n in names if getattr(settings, n) != getattr(default, n)]
 
 
-def guarded(code: str, header: str) -> str:
-    """Our header, then the model's code with GUARD before its first statement that is not its docstring or a
-    `from __future__` import (those must come first), so `python file.py` stops before any of it runs; the sandbox
-    loads the module under another name and never runs the guard."""
-    lines = code.split("\n")
-    cut = 0
-    for i, node in enumerate(ast.parse(code).body):
-        docstring = i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-        if not (docstring or isinstance(node, ast.ImportFrom) and node.module == "__future__"):
-            break
-        cut = node.end_lineno
-    return header + "\n".join([*lines[:cut], GUARD, *lines[cut:]]).rstrip("\n") + "\n"
+def strategy_code(code: str, options: list[str]) -> str:
+    """The body of a strategy file: the model's code as one string constant, a string literal per line (repr writes
+    any text as a literal that reads back as the same text, every character that could end a line escaped), so no
+    text can leave the string; then our `python <this file>`, which runs evaluate_2048.py --watch on the file with
+    the Python and the train_2048 that wrote it (run options after the file's name go to evaluate_2048.py)."""
+    literals = "".join(f"    {line!r}\n" for line in code.splitlines(keepends=True)) or "    ''\n"
+    return (
+        f"\n{evaluation.ARCHIVED_CODE} = (\n{literals})\n"
+        f"PYTHON, TRAIN_2048 = {sys.executable or 'python3'!r}, {str(PROJECT)!r}  # what wrote this file\n"
+        f"GAME = {options!r}  # the run's game, as evaluate_2048.py's options\n"
+        "\n"
+        'if __name__ == "__main__":\n'
+        "    import os\n"
+        "    import sys\n"
+        "\n"
+        '    command = [PYTHON, os.path.join(TRAIN_2048, "evaluate_2048.py"), "--watch", __file__, *GAME]\n'
+        "    command += sys.argv[1:]\n"
+        "    try:\n"
+        "        os.execv(PYTHON, command)\n"
+        "    except OSError as exc:\n"
+        '        print(f"{__file__}: cannot start {PYTHON} {command[1]} ({exc.strerror}): play it with '
+        'evaluate_2048.py --watch", file=sys.stderr)\n'
+        "        sys.exit(2)\n"
+    )

@@ -15,7 +15,7 @@ TRL runs the GRPO loop and transformers writes the checkpoints; this file checks
 loads, then runs the steps of `train()`: output and logs, the model, an optional warm start, GRPO (trainer.py:
 TRL's GRPOTrainer with our game evaluation every eval_steps), and the verified save. In <output_dir>: training.log,
 metrics.jsonl, runs/ (TensorBoard), checkpoint-N/, strategies/ (the best strategies the model wrote),
-final/ (LoRA adapters), final-<save_method>/ (merged).
+final/ (LoRA adapters), final-<save_method>/ (merged: merge_2048.py, which merges any saved adapter again).
 """
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ class ScriptArguments:
         },
     )
     eval_games: int = field(
-        default=4, metadata={"help": "Games each evaluated strategy plays on the training board (seeds 0, 1, ...)."}
+        default=4, metadata={"help": "Games each evaluated strategy plays on the training board: the run's held-out "
+                             "games, secret like the training games (training.log names their seeds)."}
     )
     archive_size: int = field(
         default=20,
@@ -157,8 +158,8 @@ class ScriptArguments:
     archive_games: int = field(
         default=0,
         metadata={
-            "help": "Held-out games (seeds 0..N-1) that a candidate for the archive's top is re-scored on before it is "
-            "ranked. 0: the evaluation's (--eval_games)."
+            "help": "Held-out games (the evaluation's first N, or more of them) that a candidate for the archive's top "
+            "is re-scored on before it is ranked. 0: the evaluation's (--eval_games)."
         },
     )
     archive_budget: float = field(
@@ -386,16 +387,22 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
     return checkpoint, notes
 
 
-def check_merge_source(script_args, model_args, backend: str) -> str | None:
-    """Unsloth's merged_16bit save merges into 16-bit weights it finds by itself after training: which, asked now
-    (models.unsloth_merge_source), so that a save that cannot work stops the run before it starts."""
-    if script_args.save_method != "merged_16bit" or backend != "unsloth" or not model_args.use_peft:
+def check_merge_source(script_args, model_args, output_dir: Path) -> str | None:
+    """The 16-bit weights merged_16bit merges the LoRA into after training (models.merge_base: the model itself, or the
+    16-bit original of a 4-bit or MXFP4 checkpoint), asked now, so that a merge that cannot work stops the run before
+    it starts."""
+    if script_args.save_method != "merged_16bit":
         return None
+    if not model_args.use_peft:
+        die("--save_method merged_16bit merges LoRA adapters into their base: with --use_peft false final/ holds the "
+            "whole trained model already")  # fmt: skip
+    if model_args.model_name_or_path == models.TINY:
+        return str(output_dir / "tiny-model")  # built before training
     try:
-        return models.unsloth_merge_source(model_args.model_name_or_path, bool(model_args.load_in_4bit))
+        return models.merge_base(model_args.model_name_or_path)
     except ValueError as error:
-        die(f"--save_method merged_16bit: {error}, so the save would fail after training; train from a 16-bit "
-            "checkpoint of the same weights, or save lora (final/ holds the adapters either way)")  # fmt: skip
+        die(f"--save_method merged_16bit: {error}, so the merge would fail after training; save lora, then merge "
+            "final/ with python merge_2048.py --adapter <output_dir>/final --base <the 16-bit checkpoint>")  # fmt: skip
 
 
 def version_at_most(package: str, highest: str) -> bool:
@@ -659,12 +666,16 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
     times, ctrl_c = grpo.StepTimes(state.device), grpo.CtrlC()
     evaluating = training_args.eval_strategy != "no"
     judge, archive = rewards.make_judge(settings), None
+    held_out = rewards.held_out_seeds(settings.game_salt, max(script_args.archive_games, script_args.eval_games))
+    if evaluating:
+        log.info(f"evaluation: {script_args.eval_samples} strategies sampled, each on {script_args.eval_games} held-out "
+                 f"games (seeds {held_out[0]}-{held_out[script_args.eval_games - 1]}, from the secret game salt)")  # fmt: skip
     if script_args.archive_size:
         import strategy_archive
 
         archive = strategy_archive.StrategyArchive(
             settings, size=script_args.archive_size, budget=script_args.archive_budget, output_dir=output_dir,
-            seeds=[grpo.EVAL_SEED + i for i in range(script_args.archive_games or script_args.eval_games)],
+            seeds=held_out[: script_args.archive_games or script_args.eval_games],
             main=state.is_main_process, world=state.num_processes, timing=lambda: times.timing("archive"),
         )  # fmt: skip
         if checkpoint is not None:
@@ -692,7 +703,7 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
         callbacks=[grpo.GRPOReport(output_dir), ctrl_c, grpo.GameSalt(settings.game_salt), *filter(None, [archive])],
         settings=settings,
         eval_samples=script_args.eval_samples,
-        eval_games=script_args.eval_games,
+        eval_seeds=held_out[: script_args.eval_games],
         times=times,
         generate=generate,
         archive=archive,
@@ -786,8 +797,8 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
 
     script_args, settings, training_args, model_args = parse_args(argv)
     checkpoint, notes = check_before_loading(script_args, settings, training_args, model_args, backend)
-    merge_source = check_merge_source(script_args, model_args, backend)
     output_dir = Path(training_args.output_dir)
+    merge_source = check_merge_source(script_args, model_args, output_dir)
 
     from accelerate import PartialState
     from transformers import set_seed
@@ -801,7 +812,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     for note in notes:
         log.warning(note)
     if merge_source is not None:
-        log.info(f"--save_method merged_16bit: Unsloth will merge the LoRA into {merge_source}")
+        log.info(f"--save_method merged_16bit: merge_2048.py will merge the LoRA into {merge_source} after training")
     if state.num_processes > 1:
         log.info(f"{state.num_processes} processes ({state.distributed_type.value}), each scoring its own completions")
     if checkpoint is not None:
@@ -850,6 +861,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
         trainer, tokenizer, save_method=script_args.save_method, verify=script_args.verify_save,
         use_peft=model_args.use_peft, backend=backend, seed=training_args.seed, output_dir=output_dir,
         prompt_inputs=evaluation.prompt_inputs(tokenizer, settings, training_args.chat_template_kwargs or {}),
+        merge_base=merge_source,
     )  # fmt: skip
     log.info(f"done after {steps} steps. TensorBoard: {tensorboard_command(output_dir)}")
     return 0 if ok else 1

@@ -27,14 +27,16 @@ import generation
 import rewards
 
 log = logging.getLogger("train_2048")
-EVAL_SEED = 0  # the first game seed and the sampling seed of every evaluation, in every run (training's are secret)
 
 
 class GameGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose `evaluate()` is the game evaluation (evaluation.py's protocol, fixed seeds): every process
-    samples its share of the strategies, the main process plays them all in the sandbox, and eval/* is logged like
-    any Trainer evaluation, so `eval_strategy`/`eval_steps` mean what they mean in transformers. The model's mode
-    and torch's random state are left as they were, so a run with evaluations trains exactly like one without.
+    """GRPOTrainer whose `evaluate()` is the game evaluation (evaluation.py's protocol) on the run's held-out games
+    (rewards.held_out_seeds: secret, so no strategy can recognise them, and the same in every evaluation and after a
+    resume), sampled with the first of them as seed, so `evaluate_2048.py --seed <it>` on a checkpoint gets the same
+    numbers: every process samples its share of the strategies, the main process plays them all in the sandbox, and
+    eval/* is logged like any Trainer evaluation, so `eval_strategy`/`eval_steps` mean what they mean in transformers.
+    The model's mode and torch's random state are left as they were, so a run with evaluations trains exactly like one
+    without.
 
     Each training log also gets the step's time split (time/generate_s, time/rewards_s, time/optimizer_s,
     time/archive_s: the strategy archive's re-scoring, and the rest: log-probs, loss and backward), on a GPU the peak
@@ -44,10 +46,10 @@ class GameGRPOTrainer(GRPOTrainer):
     compiled, and wherever torch.compile left it eager).
     """
 
-    def __init__(self, *args, settings, eval_samples: int, eval_games: int, times: StepTimes, generate=None,
+    def __init__(self, *args, settings, eval_samples: int, eval_seeds: list[int], times: StepTimes, generate=None,
                  archive=None, **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
-        self.settings, self.eval_samples, self.eval_games = settings, eval_samples, eval_games
+        self.settings, self.eval_samples, self.eval_seeds = settings, eval_samples, eval_seeds
         self.fast_generate = generate  # generation.generate, or None for TRL's own path
         self.archive = archive  # strategy_archive.StrategyArchive, or None
         self.times = times  # also counts the rewards' time (timed_reward)
@@ -92,8 +94,8 @@ class GameGRPOTrainer(GRPOTrainer):
                     size = sizes[index] if index < len(sizes) else sizes[-1]  # a spare batch, thrown away
                     ids = evaluation.sample_batch(
                         model, self.processing_class, inputs, index=min(index, len(sizes) - 1), size=size,
-                        seed=EVAL_SEED, temperature=args.temperature, max_new_tokens=args.max_completion_length,
-                        generate=self.fast_generate,
+                        seed=self.eval_seeds[0], temperature=args.temperature,
+                        max_new_tokens=args.max_completion_length, generate=self.fast_generate,
                     )  # fmt: skip
                     if index < len(sizes):
                         mine[index] = evaluation.decode(self.processing_class, ids)
@@ -105,8 +107,7 @@ class GameGRPOTrainer(GRPOTrainer):
         metrics = None
         if self.accelerator.is_main_process:
             completions = [text for index in sorted(batches) for text in batches[index]]
-            seeds = [EVAL_SEED + i for i in range(self.eval_games)]
-            metrics = evaluation.policy_metrics(completions, seeds, self.settings)
+            metrics = evaluation.policy_metrics(completions, self.eval_seeds, self.settings)
         if world > 1:
             metrics = broadcast_object_list([metrics])[0]
         metrics = {f"{metric_key_prefix}_{k}": v for k, v in metrics.items()}

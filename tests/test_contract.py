@@ -582,6 +582,44 @@ def test_what_the_contract_leaves_out_is_missing_in_the_sandbox():
         assert policy.judge(plain)[0] == (f"{module}.{name}, which the contract leaves out",)
 
 
+def test_a_star_import_binds_in_the_judge_what_it_binds_in_the_sandbox():
+    """`from M import *` binds M's filtered `__all__` (or its copy's public names): the judge sees those names, so the
+    honest `from re import *` with `compile(...)` is re.compile, clean; and in the sandbox the module's names after
+    the import are exactly policy.star_names(M), for every allowed module."""
+    honest = "from re import *\ndef strategy(board):\n    return 'A' if compile('a+').match('aa') else 'S'\n"
+    (score,) = scored([fenced(honest)])
+    assert score == {"works": 1.0, "clean": 1.0, "game": score["game"]} and score["game"] > 0, score
+    modules = sorted(policy.MODULES - {"__future__"})  # `from __future__ import *` is a SyntaxError
+    codes = [f"from {m} import *\nNAMES = dir()\ndef strategy(board):\n"
+             f"    wrong = {{n for n in NAMES if not n.startswith('__')}} ^ set({list(policy.star_names(m))!r})\n"
+             "    if wrong:\n        raise ValueError(sorted(wrong)[:3])\n    return 'A'\n"
+             for m in modules]  # fmt: skip
+    for module, code in zip(modules, codes):
+        assert rewards.analyse_code(code).playable, (module, rewards.analyse_code(code))
+    results = sandbox.play_many([(code, 0, sandbox.Game(size=3, target=64, move_time_limit=5.0)) for code in codes])
+    for module, result in zip(modules, results):
+        assert result.status == "failed", (module, result)  # not an error: it found the names it expected
+    assert "compile" in policy.star_names("re") and "modules" not in policy.star_names("sys")
+
+
+# Names a star import does not bind are still what they were: a forbidden builtin, or a name the contract leaves out.
+STAR_CHEATS = {
+    "from sys import *, then exit()": ("from sys import *\ndef strategy(board):\n    return exit() or 'A'\n",
+                                       "builtin 'exit'"),
+    "from re import *, then open()": ("from re import *\ndef strategy(board):\n    return open('x') and 'A'\n",
+                                      "builtin 'open'"),
+    "from os import *": ("from os import *\ndef strategy(board):\n    return 'A'\n", "import from os"),
+}  # fmt: skip
+
+
+def test_a_star_import_that_binds_no_forbidden_name_leaves_it_forbidden():
+    names = sorted(STAR_CHEATS)
+    scores = scored([fenced(STAR_CHEATS[n][0]) for n in names])
+    for name, score in zip(names, scores):
+        assert score == FORBIDDEN_SCORE, (name, score)
+        assert policy.judge(STAR_CHEATS[name][0])[0] == (STAR_CHEATS[name][1],), name
+
+
 # --- whatever reaches past the contract scores exactly like the forbidden import --------------------------------
 
 FORBIDDEN_IMPORT = "import os\ndef strategy(board):\n    return 'A'\n"

@@ -1,8 +1,10 @@
-"""bench/gpu_matrix.py, the GPU check in calls that fit a lent GPU (issue 29): call 1's plan fits 420 s by its
-estimates, the two-point fit, the windows that keep a timed part alone, the time guard, the results kept in
-docs/GPU_MATRIX.md, and call 1 itself on the CPU with tiny models (the plumbing; the figures need a GPU)."""
+"""bench/gpu_matrix.py, the GPU check in calls planned within a time limit of 420 s per run: call 1's plan fits by its
+estimates, the two-point fit, the windows that keep a timed part alone, the time guard, a run's announcement and its
+folder of its own, the results kept in docs/GPU_CHECK.md, the GPU set's script, and call 1 itself on the CPU with tiny
+models (the plumbing; the figures need a GPU)."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -37,9 +39,9 @@ def test_call_1_fits_420_s_by_the_turn_2_figures_and_so_does_every_later_call(tm
     for call, build in gpu_matrix.CALLS.items():
         items = build(p)
         end = gpu_matrix.simulate(items, gpu_matrix.JOBS.get(call, 5))["call"]
-        assert end <= gpu_matrix.BUDGET_S - gpu_matrix.RESERVE_S, (call, end)
+        assert end <= gpu_matrix.TIME_LIMIT_S - gpu_matrix.RESERVE_S, (call, end)
     items = {i.id: i for i in gpu_matrix.call_1(p)}
-    # the figures it stands on: turn 2's 33 s per 4-bit step at 24 layers and 200 tokens, scaled to 4 layers, 1024
+    # the figures it stands on: the H100's 33 s per 4-bit step at 24 layers and 200 tokens, scaled to 4 layers, 1024
     grpo = [i for i in items.values() if i.kind == "grpo"]
     assert {(i.preset, i.layers, i.tokens) for i in grpo} == {
         (preset, layers, 1024) for preset in gpu_matrix.PRESETS for layers in (2, 4)
@@ -55,7 +57,7 @@ def test_call_1_fits_420_s_by_the_turn_2_figures_and_so_does_every_later_call(tm
         gpu_matrix.simulate([*gpu_matrix.setup_items(p, 1), *gpu_matrix.build_items(p, 1, [24], True), *deep], 5)[
             "call"
         ]
-        > gpu_matrix.BUDGET_S
+        > gpu_matrix.TIME_LIMIT_S
     )
 
 
@@ -81,9 +83,30 @@ def test_call_1_asks_what_the_issue_asks_in_its_order(tmp_path):
     )
     commands = [" ".join(i.command) for i in items]
     assert all("--tokenizer_dir " in c for c in commands if "gpu_check.py" in c), "GPT-OSS's own tokenizer"
-    assert "bash .gpu-wheels/install.sh .gpu-wheels" in commands and not any(
-        "--verify_save false" in c for c in commands
-    )
+    assert not any("--verify_save false" in c for c in commands)
+
+
+def test_the_machine_is_made_ready_from_the_carried_files_where_they_are_else_from_its_own_set(tmp_path, monkeypatch):
+    """Offline, the wheels and the tokenizer that bench/gpu_set.sh packed are installed and unpacked first; on a machine
+    set up by setup.sh, the GPU set is checked and GPT-OSS's tokenizer built from its packages. Either way call 1's
+    plan keeps within the time limit."""
+    p = gpu_places(tmp_path)
+    monkeypatch.setattr(gpu_matrix, "WHEELS", tmp_path / ".gpu-wheels")
+    monkeypatch.setattr(gpu_matrix, "TOKENIZER_ARCHIVE", tmp_path / ".gpu-tokenizer.tar.gz")
+    for carried in (False, True):
+        if carried:
+            (tmp_path / ".gpu-wheels").mkdir()
+            (tmp_path / ".gpu-tokenizer.tar.gz").touch()
+        gpu_set, tokenizer, machine = gpu_matrix.setup_items(p, 1)
+        assert gpu_set.command == ["bash", "bench/gpu_set.sh", "install" if carried else "check"]
+        assert gpu_set.env == {"PYTHON": gpu_matrix.PY}, "into the Python that runs the check"
+        if carried:
+            assert tokenizer.command == ["tar", "-xzf", str(tmp_path / ".gpu-tokenizer.tar.gz"), "-C", str(p.work)]
+        else:
+            assert tokenizer.command == [gpu_matrix.PY, "gpt_oss_tokenizer.py", "--save", str(p.tokenizer[1])]
+        end = gpu_matrix.simulate(gpu_matrix.call_1(p), gpu_matrix.JOBS[1])["call"]
+        assert end <= gpu_matrix.TIME_LIMIT_S - gpu_matrix.RESERVE_S, (carried, end)
+    assert (gpu_matrix.ROOT / "bench" / "gpu_set.sh").exists()
 
 
 def test_the_simulated_plan_runs_windows_one_at_a_time_and_the_rest_side_by_side():
@@ -99,20 +122,20 @@ def test_the_simulated_plan_runs_windows_one_at_a_time_and_the_rest_side_by_side
 
 def fake(tmp_path, id_, code, kind="suite", estimate=1.0, turn=False, needs=()):
     return gpu_matrix.Item(id_, f"fake {id_}", [sys.executable, "-c", code], kind, estimate, needs=needs,
-                           turn=str(tmp_path / "work" / "turns" / id_) if turn else None)  # fmt: skip
+                           turn=str(tmp_path / "work" / "turns" / id_) if turn else None)
 
 
 def test_a_window_stops_every_other_process_of_the_call_and_resumes_them_after(tmp_path):
     ticks, marks = tmp_path / "ticks", tmp_path / "marks"
-    ticker = f"import time\nend = time.time() + 3\nwhile time.time() < end:\n    open({str(ticks)!r}, 'a').write(f'{{time.time()}}\\n')\n    time.sleep(0.005)"  # fmt: skip
+    ticker = f"import time\nend = time.time() + 3\nwhile time.time() < end:\n    open({str(ticks)!r}, 'a').write(f'{{time.time()}}\\n')\n    time.sleep(0.005)"
     turn = tmp_path / "work" / "turns" / "1.2"
     timed = (f"import time, pathlib\ntime.sleep(0.5)\nt = pathlib.Path({str(turn)!r})\n"
              f"pathlib.Path(str(t) + '.ask').touch()\nwhile not pathlib.Path(str(t) + '.go').exists(): time.sleep(0.01)\n"
              f"a = time.time(); time.sleep(0.8); b = time.time()\nopen({str(marks)!r}, 'w').write(f'{{a}} {{b}}')\n"
-             f"pathlib.Path(str(t) + '.done').touch()")  # fmt: skip
+             f"pathlib.Path(str(t) + '.done').touch()")
     items = [fake(tmp_path, "1.1", ticker), fake(tmp_path, "1.2", timed, turn=True)]
     lines = []
-    records = gpu_matrix.run_call(1, items, gpu_places(tmp_path), jobs=5, budget=60, say=lines.append)
+    records = gpu_matrix.run_call(1, items, gpu_places(tmp_path), jobs=5, time_limit=60, say=lines.append)
     assert [r["status"] for r in records] == ["PASS", "PASS"], records
     start, end = map(float, marks.read_text().split())
     stamps = [float(x) for x in ticks.read_text().split()]
@@ -131,12 +154,12 @@ def test_a_grpo_runs_window_is_its_second_step_even_after_an_earlier_call_left_i
     (run / "metrics.jsonl").write_text(f"{step}\n{step}\n")
     code = (f"import time, pathlib\nm = pathlib.Path({str(run / 'metrics.jsonl')!r})\nm.parent.mkdir(parents=True, "
             f"exist_ok=True)\ntime.sleep(0.5)\nm.write_text({step!r} + '\\n')\ntime.sleep(0.6)\n"
-            f"m.write_text({step!r} + '\\n' + {step!r} + '\\n')\ntime.sleep(0.3)")  # fmt: skip
+            f"m.write_text({step!r} + '\\n' + {step!r} + '\\n')\ntime.sleep(0.3)")
     grpo = fake(tmp_path, "1.2", code, kind="grpo")
     grpo.run_dir = str(run)
     lines = []
     records = gpu_matrix.run_call(1, [fake(tmp_path, "1.1", "import time; time.sleep(2)"), grpo], gpu_places(tmp_path),
-                                  jobs=5, budget=60, say=lines.append)  # fmt: skip
+                                  jobs=5, time_limit=60, say=lines.append)
     assert any("[1.2] timing alone on the machine (stopped: 1.1)" in line for line in lines)
     assert records[1]["window_s"] >= 0.5
 
@@ -144,11 +167,11 @@ def test_a_grpo_runs_window_is_its_second_step_even_after_an_earlier_call_left_i
 def test_the_time_guard_skips_what_does_not_fit_and_stops_what_runs_past_the_end(tmp_path):
     items = [fake(tmp_path, "1.1", "import time; time.sleep(60)", estimate=1.0),
              fake(tmp_path, "1.2", "pass", estimate=500.0),
-             fake(tmp_path, "1.3", "pass", needs=("1.2",))]  # fmt: skip
+             fake(tmp_path, "1.3", "pass", needs=("1.2",))]
     lines = []
     started = time.monotonic()
     records = gpu_matrix.run_call(
-        1, items, gpu_places(tmp_path), jobs=5, budget=gpu_matrix.RESERVE_S + 3, say=lines.append
+        1, items, gpu_places(tmp_path), jobs=5, time_limit=gpu_matrix.RESERVE_S + 3, say=lines.append
     )
     assert time.monotonic() - started < 20
     status = {r["id"]: (r["status"], r["figure"]) for r in records}
@@ -162,7 +185,7 @@ def run_folder(tmp_path, fast_path, generation="generation: fast (module experts
     run = tmp_path / "run"
     run.mkdir(parents=True, exist_ok=True)
     steps = [{"time/step_s": 10.0, "time/generate_s": 4.0, "time/rewards_s": 0.5, "time/logprobs_and_backward_s": 5.0,
-              "time/optimizer_s": 0.5, "generation/fast_path": f, "gpu/peak_memory_gb": 7.0} for f in fast_path]  # fmt: skip
+              "time/optimizer_s": 0.5, "generation/fast_path": f, "gpu/peak_memory_gb": 7.0} for f in fast_path]
     (run / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
     result = {"generation": [generation], "save_checks": ["verified final"], "save_problems": []}
     (tmp_path / "r.json").write_text(json.dumps(result))
@@ -206,7 +229,7 @@ def test_the_merge_refusal_on_the_4bit_checkpoint_passes_only_as_one_line_before
     item = next(i for i in gpu_matrix.call_1(p) if i.id == "1.12")
     log = tmp_path / "log"
     refusal = ("train_2048: --save_method merged_16bit: /w/tiny/gpt-oss-tiny-all-split-4bit is stored in 4-bit (nf4), "
-               "and Unsloth merges only into 16-bit weights; save lora, or train from a 16-bit checkpoint")  # fmt: skip
+               "and Unsloth merges only into 16-bit weights; save lora, or train from a 16-bit checkpoint")
     log.write_text(f"$ cmd\n{refusal}\n")
     assert gpu_matrix.judge(item, 2, log, p)["status"] == "PASS"
     assert gpu_matrix.judge(item, 0, log, p)["status"] == "FAIL", "a run that trained is no refusal"
@@ -218,11 +241,11 @@ def test_the_targets_table_judges_the_extrapolated_figures():
     def grpo(preset, layers, step):
         return {"kind": "grpo", "preset": preset, "layers": layers, "tokens": 1024, "status": "PASS",
                 "fast_path": [1.0, 1.0], "figures": {"step": step, "generate": step / 2, "rewards": 0.1,
-                "logprobs_and_backward": step / 2 - 0.1, "peak_memory_gb": 5.0, "decode_ms_in_step": 1.0}}  # fmt: skip
+                "logprobs_and_backward": step / 2 - 0.1, "peak_memory_gb": 5.0, "decode_ms_in_step": 1.0}}
 
     def decode(preset, layers, ms):
         return {"kind": "decode", "preset": preset, "layers": layers, "tokens": None, "status": "PASS",
-                "figures": {"decode_ms": ms, "decode_ms_generate": 4 * ms, "prefill_ms": 10.0}}  # fmt: skip
+                "figures": {"decode_ms": ms, "decode_ms_generate": 4 * ms, "prefill_ms": 10.0}}
 
     records = [
         grpo("gpt-oss-20b", 2, 3.0),
@@ -250,7 +273,7 @@ def test_the_targets_table_judges_the_extrapolated_figures():
     )
 
 
-DOC = """# The GPU matrix
+DOC = """# The GPU check
 
 ## Results
 
@@ -262,14 +285,14 @@ DOC = """# The GPU matrix
 
 
 def test_the_results_kept_say_which_call_is_next_on_this_commit(tmp_path):
-    doc = tmp_path / "GPU_MATRIX.md"
+    doc = tmp_path / "GPU_CHECK.md"
     doc.write_text(DOC.format(header=gpu_matrix.RESULTS_HEADER, rows=""))
     assert gpu_matrix.next_call("abc1234", doc)[:1] == (1,)
     items = [i for i in gpu_matrix.call_1(gpu_places(tmp_path))]
     result = {"call": 1, "date": "2026-11-30", "machine": "NVIDIA H100 80GB HBM3", "commit": "abc1234",
               "items": [{"id": i.id, "what": i.what, "kind": i.kind, "status": "PASS", "figure": "x | y"} for i in items],
               "targets": [{"target": "BF16 decode step at batch 8 <= 10 ms at 24 layers", "figure": "9.5 ms",
-                           "result": "PASS"}]}  # fmt: skip
+                           "result": "PASS"}]}
     result["items"][5]["status"] = "SKIPPED"
     assert gpu_matrix.record([result], doc) == len([i for i in items if i.kind != "setup"]) + 1
     rows = gpu_matrix.recorded(doc)
@@ -277,18 +300,20 @@ def test_the_results_kept_say_which_call_is_next_on_this_commit(tmp_path):
     assert "## After" in doc.read_text() and "x / y" in doc.read_text()
     assert gpu_matrix.next_call("abc1234", doc) == (1, [items[5].id], True), "a skipped item is still to run"
     r = subprocess.run([*MATRIX, "--next", "--commit", "abc1234", "--doc", str(doc)], capture_output=True, text=True)
-    assert f'bench/gpu_matrix.py 1 --commit abc1234 --only {items[5].id}"' in r.stdout
+    assert f"\n  python3 bench/gpu_matrix.py 1 --commit abc1234 --time_limit 420 --only {items[5].id}\n" in r.stdout
     assert gpu_matrix.next_call("fffffff", doc)[0] == 1, "another commit starts again"
     result["items"][5]["status"] = "FAIL"
     gpu_matrix.record([result], doc)
     assert gpu_matrix.next_call("abc1234", doc)[0] == 2
     r = subprocess.run([*MATRIX, "--next", "--commit", "abc1234", "--doc", str(doc)], capture_output=True, text=True)
-    assert r.returncode == 0 and 'run(command="python3 bench/gpu_matrix.py 2 --commit abc1234"' in r.stdout
+    assert r.returncode == 0 and "\n  python3 bench/gpu_matrix.py 2 --commit abc1234 --time_limit 420\n" in r.stdout
+    assert ".gpu-wheels/ and .gpu-tokenizer.tar.gz" in r.stdout, "the files an offline machine needs"
+    assert "run(" not in r.stdout and "carry" not in r.stdout
 
 
 def test_the_dry_run_shows_each_call_its_plan_and_the_next(tmp_path):
     r = subprocess.run([*MATRIX, "--dry-run", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w")],
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     for call in gpu_matrix.CALLS:
         assert re.search(rf"# call {call}: ~\d+ s by the estimates \(\d at once\), fits 420 s", r.stdout), call
@@ -299,9 +324,70 @@ def test_the_dry_run_shows_each_call_its_plan_and_the_next(tmp_path):
 def test_bad_arguments_exit_2_with_one_line(tmp_path):
     cpu = tmp_path / "call1-results.json"
     cpu.write_text(json.dumps({"call": 1, "machine": "cpu", "items": []}))
-    for args in (["9"], ["1", "--only", "1.99"], ["--record", str(tmp_path / "none.json")], [], ["--record", str(cpu)]):
-        r = subprocess.run([*MATRIX, *args, "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=60)
-        assert r.returncode == 2 and "error:" in r.stderr.splitlines()[-1] and "Traceback" not in r.stderr, args
+    copied = tmp_path / "copied-call1-results.json"  # from a tree without git: no commit of its own
+    copied.write_text(json.dumps({"call": 1, "machine": "NVIDIA H100", "commit": None, "date": "2026-11-30",
+                                  "items": [{"id": "1.1", "what": "x", "kind": "default", "figure": "", "status": "PASS"}]}))
+    cases = (["9"], ["1", "--only", "1.99"], ["--record", str(tmp_path / "none.json")], [], ["--record", str(cpu)],
+             ["--record", str(copied)], ["1", "--time_limit", "soon"])
+    runs = [(args, subprocess.Popen([*MATRIX, *args, "--out", str(tmp_path / "o")], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)) for args in cases]
+    for args, run in runs:
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 2 and "error:" in err.splitlines()[-1] and "Traceback" not in err, (args, err)
+    doc = tmp_path / "GPU_CHECK.md"
+    doc.write_text(DOC.format(header=gpu_matrix.RESULTS_HEADER, rows=""))
+    r = subprocess.run([*MATRIX, "--record", str(copied), "--commit", "abc1234", "--doc", str(doc)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and [row["commit"] for row in gpu_matrix.recorded(doc)] == ["abc1234"], r.stderr
+
+
+def test_a_run_says_its_time_first_and_keeps_its_results_in_a_folder_of_its_own(tmp_path, monkeypatch, capsys):
+    """What a user sees of `make gpu-check`: the time the call will take, before it starts; where the logs are; the
+    table last. A second run never writes over the first one's results: a new folder each time, a used --out refused."""
+    monkeypatch.setitem(gpu_matrix.CALLS, 1, lambda p: [fake(tmp_path, "1.1", "print('done')", estimate=150.0)])
+    monkeypatch.chdir(tmp_path)
+    args = ["1", "--work", str(tmp_path / "work"), "--commit", "abc"]
+    assert gpu_matrix.main(args) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert "== 1 items: about 3 min by an H100's estimates (150 s); no time limit; results in " in said[1]
+    (first,) = (tmp_path / "outputs" / "gpu-check").iterdir()
+    assert first.name.startswith("call1-") and said[1].endswith(str(first))
+    assert any(f"Each item's output: {first / 'logs'}; " in line for line in said)
+    assert said[-1].endswith((first / "call1-targets.md").read_text().splitlines()[-1]), "the table is printed last"
+    results = (first / "call1-results.json").read_text()
+    assert json.loads(results)["items"][0]["status"] == "PASS"
+
+    assert gpu_matrix.main([*args, "--time_limit", "420"]) == 0
+    assert "; it stops itself at 410 s; " in capsys.readouterr().out
+    assert len(list((tmp_path / "outputs" / "gpu-check").iterdir())) == 2, "a new folder"
+    with pytest.raises(SystemExit) as refused:
+        gpu_matrix.main([*args, "--out", str(first)])
+    assert refused.value.code == 2 and "call 1 already ran there" in capsys.readouterr().err.splitlines()[-1]
+    assert (first / "call1-results.json").read_text() == results
+
+
+def test_the_gpu_set_script_says_in_one_line_what_is_wrong(tmp_path):
+    """bench/gpu_set.sh, which item N.0 runs: a wrong verb or nothing to install is a command line it cannot run (exit
+    2); a Python without the GPU set, or without a GPU, is a machine not ready (exit 1); one line each, no traceback."""
+    bare = tmp_path / "bare-python"  # this Python without its site packages: none of the GPU set
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    script = ["bash", str(REPO / "bench" / "gpu_set.sh")]
+    cases = {"typo": (["instal"], sys.executable), "bare": (["check"], str(bare)), "cpu": (["check"], sys.executable)}
+    if not (REPO / ".gpu-wheels").exists():  # a packed folder here would really be installed
+        cases["install"] = (["install"], sys.executable)
+    runs = {name: subprocess.Popen([*script, *args], env={**os.environ, "PYTHON": python}, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True) for name, (args, python) in cases.items()}
+    said = {name: (run.communicate(timeout=120), run.returncode) for name, run in runs.items()}
+    for name, ((_, err), rc) in said.items():
+        assert "Traceback" not in err and len(err.strip().splitlines()) == (rc != 0), (name, err)
+    assert said["typo"][1] == 2 and "usage: bash bench/gpu_set.sh pack" in said["typo"][0][1]
+    assert said["bare"][1] == 1 and "gpu_set.sh: missing torch, transformers, trl" in said["bare"][0][1]
+    (out, err), rc = said["cpu"]  # this machine's own set: a GPU and its line, or no GPU and why
+    assert (rc == 0 and out.startswith("gpu set: python ") and "transformers 5.17.0" in out) or (
+        rc == 1 and err.startswith("gpu_set.sh: torch sees no GPU")), (out, err)
+    if "install" in said:
+        assert said["install"][1] == 2 and "no wheels in .gpu-wheels/" in said["install"][0][1]
 
 
 @pytest.mark.slow
@@ -311,7 +397,7 @@ def test_call_1_on_the_cpu_runs_every_item_and_writes_its_table(tmp_path):
     the targets table: every item passes and every file is written. The figures are a CPU's: only the plumbing counts."""
     out = tmp_path / "out"
     r = subprocess.run([*MATRIX, "--cpu", "1", "--out", str(out), "--work", str(tmp_path / "work"), "--commit", "abc"],
-                       capture_output=True, text=True, timeout=900)  # fmt: skip
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     result = json.loads((out / "call1-results.json").read_text())
     status = {i["id"]: i["status"] for i in result["items"]}

@@ -49,11 +49,26 @@ def get_kernel(*args, **kwargs):
 
 
 def command(name: str, tmp_path: Path) -> tuple[list[str], str]:
-    """(argv, how stderr's one line starts): an error each command reports after trl, peft and bitsandbytes load."""
+    """(argv, how stderr's one line starts): an error each command reports after peft and bitsandbytes load (trl too,
+    but for merge_2048, which does not import it)."""
     if name == "train":
         argv = ["train_2048.py", "--config", DEMO, "--model_name_or_path", str(tmp_path / "no-model"),
                 "--output_dir", str(tmp_path / "out")]  # fmt: skip
         return argv, "train_2048: model path"
+    if name == "merge":  # an adapter whose base's tensors fit it, but whose config.json is no model's: after PEFT
+        from peft import LoraConfig, get_peft_model
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        import models
+
+        config = LlamaConfig(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+        model = LlamaForCausalLM(config)
+        model.save_pretrained(tmp_path / "base")
+        get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(tmp_path / "adapter")
+        models.build_tokenizer(["a b c"]).save_pretrained(tmp_path / "adapter")
+        (tmp_path / "base" / "config.json").write_text("{}")
+        return ["merge_2048.py", "--adapter", str(tmp_path / "adapter"), "--base", str(tmp_path / "base")], "merge_2048: "
     broken = tmp_path / "broken-model"
     broken.mkdir()
     (broken / "config.json").write_text("{}")
@@ -76,7 +91,7 @@ def run(name: str, avx512_bf16: bool, tmp_path: Path):
 
 @pytest.mark.slow
 def test_our_line_is_the_only_line_on_both_cpu_kinds(tmp_path):
-    cases = [(name, avx512_bf16) for name in ("train", "evaluate") for avx512_bf16 in (True, False)]
+    cases = [(name, avx512_bf16) for name in ("train", "evaluate", "merge") for avx512_bf16 in (True, False)]
     with ThreadPoolExecutor(max_workers=2) as pool:  # each is a fresh process that imports torch, TRL and PEFT
         futures = {case: pool.submit(run, *case, tmp_path / f"{case[0]}-{case[1]}") for case in cases}
     for case, future in futures.items():

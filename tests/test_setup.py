@@ -518,7 +518,7 @@ def make_dry_run(tmp_path: Path, target: str, stamped: bool) -> list[str]:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
 @pytest.mark.parametrize("target, command", [("demo", "train_2048.py --config configs/cpu-demo.yaml"),
-                                             ("test", "-m pytest")])  # fmt: skip
+                                             ("test", "-m pytest"), ("gpu-check", "bench/gpu_matrix.py 1")])  # fmt: skip
 def test_make_sets_up_on_first_use_then_runs(tmp_path, target, command):
     first = make_dry_run(tmp_path, target, stamped=False)
     assert first[0] == "bash setup.sh" and command in first[-1]

@@ -12,7 +12,7 @@ get_peft_model themselves. The default preset loads `<tiny>-split-4bit`, a tiny 
 layout (NF4 Linear4bit per expert and in attention), built on the CPU by bench/gpu_check.py's own code; the BF16
 preset loads the fused `<tiny>`; offload_embedding is what each preset sets.
 
-What the CPU tier stubs (`stand_in_for_a_gpu`, the one place; README and docs/GPU_MATRIX.md say the same), none of it
+What the CPU tier stubs (`stand_in_for_a_gpu`, the one place; README and docs/GPU_CHECK.md say the same), none of it
 on the path a test checks:
 1. torch.cuda.get_device_properties / get_device_capability / get_device_name answer as an H100 would. Unsloth reads
    the card for its banner (unsloth/device_type.py:611, get_device_stats, from from_pretrained), for its FP8 check
@@ -49,6 +49,7 @@ os.environ["TORCHDYNAMO_DISABLE"] = "1"  # see the docstring: Inductor on 2 core
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # merge_faults.py, shared with the main suite
 
 try:
     import unsloth  # noqa: E402, F401  (before trl, transformers and peft, as train_2048.py imports it)
@@ -114,9 +115,10 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 def tiny_gpt_oss(folder: Path, layers: int = 2) -> Path:
     """A tiny GPT-OSS (sliding and full attention, 4 experts top-2, sinks and biases non-zero) with the CPU demo's
-    tokenizer, saved in transformers' fused layout (what the BF16 preset loads), and beside it, built by the GPU
-    check's own code: `<folder>-split-16bit` (gpu_check.write_split_checkpoint: the same weights, a Linear per expert)
-    and `<folder>-split-4bit` (gpu_check.quantize_split on the CPU: NF4, what the default preset loads)."""
+    tokenizer, saved in bf16 in transformers' fused layout (what the BF16 preset loads, and the 16-bit original a merge
+    goes into), and beside it, built by the GPU check's own code: `<folder>-split-16bit` (gpu_check.write_split_checkpoint:
+    the same weights, a Linear per expert) and `<folder>-split-4bit` (gpu_check.quantize_split on the CPU: NF4, what the
+    default preset loads: quantized from the original, as the hub's 4-bit checkpoint was)."""
     import torch
     from transformers import GptOssConfig, GptOssForCausalLM
 
@@ -140,7 +142,7 @@ def tiny_gpt_oss(folder: Path, layers: int = 2) -> Path:
             layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.1)
             layer.mlp.experts.down_proj_bias.normal_(0, 0.1)
             layer.mlp.router.bias.normal_(0, 0.1)
-    model.save_pretrained(folder)
+    model.to(torch.bfloat16).save_pretrained(folder)  # a 16-bit original, as the hub's
     tokenizer.save_pretrained(folder)
     gpu_check.write_split_checkpoint(folder, split_16bit(folder))
     gpu_check.quantize_split(split_16bit(folder), split_4bit(folder), device="cpu")

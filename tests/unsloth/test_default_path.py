@@ -10,7 +10,7 @@ import ast
 import inspect
 import json
 import logging
-import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +19,7 @@ import pytest
 import torch
 import trl
 from conftest import REPO, TARGETS, gpu_check, load_with_unsloth, split_4bit, split_16bit, use_split_experts
+from merge_faults import FAULTS, NAMED, break_merge
 
 import generation
 import models
@@ -146,9 +147,9 @@ def test_the_gpu_checks_split_16bit_checkpoint_is_the_same_model_in_unsloths_cla
     it computes what the fused checkpoint computes (what quantize_split then rounds)."""
     from transformers import AutoModelForCausalLM
 
-    fused = logits_of(AutoModelForCausalLM.from_pretrained(tiny).eval(), IDS)
+    fused = logits_of(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval(), IDS)
     use_split_experts(True)
-    model, info = AutoModelForCausalLM.from_pretrained(split_16bit(tiny), output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(split_16bit(tiny), dtype=torch.float32, output_loading_info=True)
     assert models.experts_layout(model) == "split"
     assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
     assert torch.allclose(logits_of(model.eval(), IDS), fused, atol=1e-5)
@@ -362,66 +363,39 @@ def test_the_default_runs_adapter_is_unsloths_a_lora_per_expert_named_by_a_patte
     assert "verified" in (default_runs["true"] / "training.log").read_text()  # final/ checked tensor by tensor
 
 
-def test_a_grpo_step_of_the_bf16_preset_runs_its_fast_path_and_unsloths_merge(tiny, tmp_path, capsys):
-    """The BF16 preset with Unsloth's dtypes: generation/fast_path 1 (no fallback line); then save_and_verify's Unsloth
-    branch: Unsloth's merge of the local 16-bit checkpoint, said before training, the trained model released, and
-    the fresh-process check, which with adapters that move the model (bench/gpu_check.py's) can judge: it is the
-    trained model, keeping its adapters' effect."""
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def bf16_run(tiny, tmp_path_factory):
+    """One GRPO step of the BF16 preset saving merged_16bit, with adapters of a real run's size (bench/gpu_check.py's
+    adapters_moved): train_2048 runs merge_2048.py on final/ after training, in a process of its own."""
+    out = tmp_path_factory.mktemp("bf16-merged") / "out"
     with gpu_check.adapters_moved():
         assert run_default_path(tiny, out, "--max_steps", "1", "--fast_generation", "true", "--save_method",
                                 "merged_16bit", preset="gpt-oss-20b-bf16.yaml") == 0  # fmt: skip
-    log = (out / "training.log").read_text()
-    assert f"Unsloth will merge the LoRA into {tiny}'s own weights" in log
+    return out
+
+
+def test_a_grpo_step_of_the_bf16_preset_runs_its_fast_path_and_the_merge(tiny, bf16_run):
+    """The BF16 preset with Unsloth's dtypes: generation/fast_path 1 (no fallback line); then the merge, whose base is
+    said before training: merge_2048.py's line in training.log, a correct merge, and what 16 bits keep."""
+    log = (bf16_run / "training.log").read_text()
+    assert f"merge_2048.py will merge the LoRA into {tiny} after training" in log
     assert "experts fused into tensors (transformers' layout); LoRA on 4 expert tensors" in log  # 2 layers x 2
-    assert training_lines(out)[0]["generation/fast_path"] == 1.0 and "fast generation" not in log
-    verified = [line for line in log.splitlines() if "final-merged_16bit: every tensor loads" in line]
-    assert len(verified) == 1 and "it is the trained model" in verified[0] and " ERROR " not in log
+    assert training_lines(bf16_run)[0]["generation/fast_path"] == 1.0 and "fast generation" not in log
+    verified = [line for line in log.splitlines() if f"verified {bf16_run / 'final-merged_16bit'}: a correct" in line]
+    assert len(verified) == 1 and "16-bit keeps" in verified[0] and " ERROR " not in log
+    assert json.loads((bf16_run / "final-merged_16bit" / "merge_report.json").read_text())["wrong"] == []
 
 
 def test_merged_16bit_on_the_4bit_default_is_refused_at_startup(tiny, tmp_path, capsys):
-    """Unsloth merges only into 16-bit weights and refuses a local 4-bit checkpoint after training ("base model should
-    be a 16bit or mxfp4 base model"): train_2048 asks where the merge would read before it starts, one line, exit 2,
-    nothing written."""
+    """A local 4-bit checkpoint holds no 16-bit weights to merge into: train_2048 says so before it starts, one line,
+    exit 2, nothing written, and how to merge final/ later (merge_2048.py --base)."""
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as stop:
         run_default_path(split_4bit(tiny), out, "--max_steps", "1", "--save_method", "merged_16bit")
     assert stop.value.code == 2 and not out.exists()
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("train_2048: --save_method merged_16bit:") and "4-bit (nf4)" in line and "save lora" in line
-
-
-def test_merged_16bit_from_the_hub_is_asked_of_the_hub_before_training(tmp_path, monkeypatch, capsys):
-    """The hub's 4-bit default merges into unsloth/gpt-oss-20b, which Unsloth looks up on the hub at save time: offline,
-    the run is refused before it starts; online, one line says which weights the merge will download."""
-    import unsloth_zoo.saving_utils
-
-    argv = ["--config", str(REPO / "configs" / "gpt-oss-20b.yaml"), "--output_dir", str(tmp_path), "--save_method",
-            "merged_16bit", "--require_seccomp", "false", "--use_cpu", "true", "--bf16", "false"]  # fmt: skip
-    script_args, _, _, model_args = train_2048.parse_args(argv)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(SystemExit) as stop:
-        train_2048.check_merge_source(script_args, model_args, "unsloth")
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert stop.value.code == 2 and "unsloth/gpt-oss-20b's 16-bit weights" in line and "cannot be reached" in line
-    asked = []
-    monkeypatch.setattr(unsloth_zoo.saving_utils, "check_hf_model_exists", lambda name, token=None: asked.append(name) or True)
-    source = train_2048.check_merge_source(script_args, model_args, "unsloth")
-    assert asked == ["unsloth/gpt-oss-20b"] and source.startswith("unsloth/gpt-oss-20b's 16-bit weights on the Hugging")
-
-
-def test_a_merge_unsloth_refuses_after_training_is_one_error_line_and_status_1(tiny, tmp_path, monkeypatch):
-    """Past the startup check (bypassed here), Unsloth's own refusal of the 4-bit merge: one ERROR line in
-    training.log, exit status 1, final/ kept: never a traceback after training."""
-    monkeypatch.setattr(train_2048, "check_merge_source", lambda *args: None)
-    out = tmp_path / "out"
-    assert run_default_path(split_4bit(tiny), out, "--max_steps", "1", "--save_method", "merged_16bit") == 1
-    errors = [line for line in (out / "training.log").read_text().splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and "Unsloth's merged_16bit save failed" in errors[0] and "nf4" in errors[0]
-    assert (out / "final" / "adapter_model.safetensors").exists()
+    assert "merge_2048.py --adapter" in line and "--base" in line
 
 
 def test_a_fallback_while_training_is_one_warning_line_and_the_scalar_says_so(tiny, tmp_path, monkeypatch):
@@ -438,161 +412,92 @@ def test_a_fallback_while_training_is_one_warning_line_and_the_scalar_says_so(ti
     assert [line["generation/fast_path"] for line in training_lines(out)] == [0.0, 0.0]
 
 
-# --- the saves and their checks -----------------------------------------------------------------------------------
+# --- merging a run's adapters: merge_2048.py -----------------------------------------------------------------------
+
+SIZES = {"0.05%": 0.0005, "0.2%": 0.002, "10%": 0.1}  # of a weight: a 50-step run's, a 300-step run's, far more
+LAYOUTS = ["4-bit default", "bf16 preset"]
 
 
-def trained_model(tiny, split: bool, share: float = 0.3, attention: bool = True):
-    """A model in Unsloth's state whose LoRA moves its outputs, `share` setting how much (move_adapters); without
-    `attention`, only the experts' LoRA does."""
-    model, tokenizer = unsloth_model(tiny, split, share)
-    if not attention:
-        with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                if "lora_B" in name and "self_attn" in name:
-                    parameter.zero_()
-    model.for_inference()
-    return model, tokenizer
+def real_size_adapter(final: Path, folder: Path, share: float) -> Path:
+    """A run's final/ as it saved it, with every LoRA B drawn so that each LoRA changes its weights by `share` of a
+    weight's RMS (the tiny model's weights have its initializer's, 0.02): gpu_check's move_adapters rule, on the
+    files."""
+    from safetensors.torch import load_file, save_file
 
-
-def dense(layer):
-    """A Linear's weight in 16 or 32 bits (bitsandbytes' NF4 dequantized)."""
-    import bitsandbytes as bnb
-
-    weight = layer.weight
-    if isinstance(layer, bnb.nn.Linear4bit):
-        return bnb.functional.dequantize_4bit(weight.data, weight.quant_state)
-    return weight.detach()
-
-
-def merged_checkpoint(model, tokenizer, folder: Path, drop: str = "") -> Path:
-    """What a merged_16bit save writes, built here independently of Unsloth: the fused layout, 16-bit, the LoRA merged
-    into the (dequantized) base; drop="experts" leaves out the experts' LoRA (unsloth-zoo issue 885's bug), "all"
-    every LoRA."""
-    import bitsandbytes as bnb
-    from safetensors.torch import save_file
-
-    state = {k.removeprefix("base_model.model."): v for k, v in model.state_dict().items()
-             if "lora_" not in k and not re.search(r"\.weight\.", k)}  # fmt: skip  (no LoRA, no NF4 statistics)
-    for name, module in model.named_modules():
-        if isinstance(module, bnb.nn.Linear4bit):
-            state[f"{name.removeprefix('base_model.model.')}.weight"] = dense(module)
-    for name, module in model.named_modules():
-        if not (hasattr(module, "get_delta_weight") and hasattr(module, "base_layer") and "default" in module.lora_A):
-            continue
-        expert = models.SPLIT_EXPERT.match(name) or hasattr(module, "parameter_name")
-        if drop == "all" or (drop == "experts" and expert):
-            continue
-        key = name.removeprefix("base_model.model.")
-        if hasattr(module, "parameter_name"):
-            key = f"{key.removesuffix('.base_layer')}.{module.parameter_name}"
-            state[re.sub(r"(\.base_layer)+\.", ".", key)] = module.get_param().detach() + module.get_delta_weight("default")
-        else:
-            state[f"{key}.weight"] = dense(module.base_layer) + module.get_delta_weight("default")
-    state = {re.sub(r"(\.base_layer)+\.", ".", k): v for k, v in state.items()}
-    if models.experts_layout(model) == "split":  # merged checkpoints are in the fused layout (unsloth_zoo saving_utils)
-        state = fuse(state)
-    folder.mkdir(parents=True)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
-              metadata={"format": "pt"})  # fmt: skip
-    config = model.get_base_model().config.to_dict()
-    config.pop("quantization_config", None)
-    (folder / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
-    tokenizer.save_pretrained(folder)
+    shutil.copytree(final, folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    tensors = load_file(str(folder / "adapter_model.safetensors"))
+    generator = torch.Generator().manual_seed(0)
+    for key in sorted(k for k in tensors if ".lora_B." in k):
+        tensors[key] = gpu_check.draw_lora_b(tensors[key.replace(".lora_B.", ".lora_A.")], tensors[key].shape,
+                                             config["r"], config["lora_alpha"] / config["r"], share * 0.02, generator)  # fmt: skip
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     return folder
 
 
-def fuse(state: dict) -> dict:
-    """models.split_experts undone (the test's own inverse, so that the check is not proven by the code it checks)."""
-    fused, experts = {}, {}
-    for name, tensor in state.items():
-        match = models.SPLIT_EXPERT.match(name.rsplit(".", 1)[0])
-        if match:
-            kind, leaf = match["kind"].removesuffix("s"), name.rsplit(".", 1)[1]
-            experts.setdefault((match["experts"], kind, leaf), {})[int(match["index"])] = tensor
-        elif name.endswith(".router.linear.weight") or name.endswith(".router.linear.bias"):
-            fused[name.replace(".router.linear.", ".router.")] = tensor
-        elif ".experts." not in name:  # Unsloth's split classes keep empty fused buffers beside the Linears
-            fused[name] = tensor
-    for (owner, kind, leaf), tensors in experts.items():
-        stacked = torch.stack([tensors[e] for e in sorted(tensors)])
-        fused[f"{owner}.{kind}" if leaf == "weight" else f"{owner}.{kind}_bias"] = (
-            stacked.transpose(1, 2) if leaf == "weight" else stacked)
-    return fused
+@pytest.fixture(scope="module")
+def real_sizes(default_runs, bf16_run, tmp_path_factory) -> dict:
+    """(layout, size): the final/ of a default run (a LoRA per split expert, Unsloth's pattern; its base the split 4-bit
+    checkpoint) and of a BF16 run (LoRA on the fused expert tensors), as Unsloth saved them, at each size."""
+    root = tmp_path_factory.mktemp("sizes")
+    finals = {"4-bit default": default_runs["true"] / "final", "bf16 preset": bf16_run / "final"}
+    return {(layout, size): real_size_adapter(finals[layout], root / f"{layout}-{size}", share)
+            for layout in LAYOUTS for size, share in SIZES.items()}  # fmt: skip
 
 
-def reference(model, tokenizer):
-    import evaluation
-    import rewards
+def merge_into_the_original(tiny, adapter: Path, out: Path) -> int:
+    """merge_2048.py into the tiny model's 16-bit original, which the 4-bit default's checkpoint was quantized from (as
+    the hub's was), here in this process with transformers' own classes back in place (a run starts it afresh)."""
+    import merge_2048
 
-    inputs = evaluation.prompt_inputs(tokenizer, rewards.RewardSettings(), {})
-    return models.reference_logprobs(model, tokenizer, inputs, seed=0)
-
-
-@pytest.mark.parametrize("split", [True, False], ids=["4-bit default", "bf16 preset"])
-def test_the_merged_check_passes_a_true_merge_and_fails_one_without_the_experts_lora(tiny, tmp_path, split, caplog):
-    """The experts' LoRA carries the adapters' effect here; a merge that drops it (unsloth-zoo issue 885) keeps
-    none of it. On the 4-bit default the trained model computes through NF4 kernels and the merge holds the
-    dequantized weights: adapters that move it more (share 1) stand clear of that difference."""
-    model, tokenizer = trained_model(tiny, split, share=1.0 if split else 0.3, attention=False)
-    expected = reference(model, tokenizer)
-    good = merged_checkpoint(model, tokenizer, tmp_path / "good")
-    bad = merged_checkpoint(model, tokenizer, tmp_path / "bad", drop="experts")
     use_split_experts(False)
-    with caplog.at_level(logging.INFO, logger="train_2048.models"):
-        assert models.verify_merged(good, expected), caplog.text
-        assert not models.verify_merged(bad, expected)
-    assert "is the trained model" in caplog.text and "it lost part of the adapters' effect" in caplog.text
+    return merge_2048.main(["--adapter", str(adapter), "--base", str(tiny), "--output_dir", str(out)])
 
 
-@pytest.mark.parametrize("share", [0.1, 0.01], ids=["effect ~3e-4", "effect ~6e-7"])
-def test_the_merged_check_fails_a_merge_that_lost_adapters_however_little_they_move_the_model(tiny, tmp_path, share,
-                                                                                            caplog):  # fmt: skip
-    """Adapters that move the model by far less than the KL tolerance (a healthy GRPO run's band, and far below): a
-    merge that lost every LoRA fails. The true merge passes while the adapters' change stands above a 16-bit
-    weight's last digit; below it (share 0.01: LoRA changes of ~1% of a weight, rounded to 16 bits), rounding the
-    merged weights moves the model ~100 times more than the adapters do, and the check refuses to vouch for it
-    rather than call it the trained model."""
-    model, tokenizer = trained_model(tiny, split=False, share=share)
-    expected = reference(model, tokenizer)
-    effect = models.mean_kl(expected["trained"], expected["base"])
-    assert 0 < effect < models.MERGED_KL_TOLERANCE / 10
-    good = merged_checkpoint(model, tokenizer, tmp_path / "good")
-    lost = merged_checkpoint(model, tokenizer, tmp_path / "lost", drop="all")
-    with caplog.at_level(logging.INFO, logger="train_2048.models"):
-        assert not models.verify_merged(lost, expected)
-        assert "it lost part of the adapters' effect" in caplog.text
-        assert models.verify_merged(good, expected) is (share == 0.1), caplog.text
-    said = caplog.text.splitlines()[-1]
-    assert "it is the trained model" in said if share == 0.1 else "too uncertain to vouch for" in said
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_real_runs_adapters_merge_correctly_and_the_report_says_what_16_bits_keep(tiny, real_sizes, layout, size,
+                                                                                 tmp_path, capsys):  # fmt: skip
+    """Exit 0 at every size: a correct merge, however little of the adapters 16-bit weights keep, which the line and
+    merge_report.json say, with the advice to serve the adapters where they keep less than MERGED_KEPT. The
+    distributions (float32 arithmetic) are reported too: where the weights keep the whole change they keep the whole
+    effect; below, what they keep of the effect need not be what the weights keep (routing to the top-2 experts is
+    discontinuous: a flip of one token's experts, reproduced by the merge or not, weighs more than the rest)."""
+    out = tmp_path / "merged"
+    assert merge_into_the_original(tiny, real_sizes[layout, size], out) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("verified ")]
+    report = json.loads((out / "merge_report.json").read_text())
+    print(f"{layout}, {size}: {json.dumps({k: report[k] for k in KEPT_FIGURES})}")  # docs/PERF.md's figures (-s)
+    assert report["wrong"] == [] and report["adapted_tensors"] == 12 and "16-bit keeps" in line  # 2 x (4 + 2)
+    holds = report["kept"] >= models.MERGED_KEPT
+    assert holds is (size == "10%") and ("serve them on the base" in report["advice"]) is not holds
+    assert report["distributions"] == "compared in float32 arithmetic, on the CPU"
+    if size == "10%":
+        assert abs(report["kept_effect"] - 1) < 0.01 and report["kl_to_unmerged"] < report["adapters_kl"] / 100
 
 
-def test_the_merged_check_fails_a_checkpoint_transformers_cannot_load(tiny, caplog):
-    """A split-layout checkpoint (what Unsloth's own split classes load, and transformers' not) is refused."""
-    model, tokenizer = trained_model(tiny, split=False)
-    expected = reference(model, tokenizer)
-    assert not models.verify_merged(split_16bit(tiny), expected)
-    assert "does not load as the trained model" in caplog.text and "missing keys" in caplog.text
+KEPT_FIGURES = ("kept", "rounded_away", "changed_weights", "kept_effect", "kept_effect_error", "kl_to_unmerged",
+                "adapters_kl")  # fmt: skip
 
 
-def test_unsloths_own_merged_save_goes_through_the_check(tiny, tmp_path, caplog):
-    """Unsloth's save_pretrained_merged itself from the BF16 preset's load (the local 16-bit checkpoint), then the
-    check in a fresh process: it is the trained model."""
-    model, tokenizer = trained_model(tiny, split=False)
-    expected = reference(model, tokenizer)
-    model.save_pretrained_merged(str(tmp_path / "merged"), tokenizer, save_method="merged_16bit")
-    with caplog.at_level(logging.INFO, logger="train_2048.models"):
-        assert models.verify_merged(tmp_path / "merged", expected)
-    assert "it is the trained model" in caplog.text
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_wrong_merge_exits_1_at_every_size(tiny, real_sizes, layout, size, fault, tmp_path, monkeypatch, capsys):
+    """tests/merge_faults.py's wrong merges, on both layouts' adapters as Unsloth saved them: exit 1 at every size, one
+    ERROR line naming the wrong tensors, nothing published."""
+    break_merge(monkeypatch, fault)
+    assert merge_into_the_original(tiny, real_sizes[layout, size], tmp_path / "merged") == 1
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "the merge is wrong" in line]
+    assert NAMED[fault] in line and not (tmp_path / "merged").exists()
 
 
-def test_unsloth_refuses_to_merge_the_local_4bit_checkpoint(tiny, tmp_path):
-    """Why train_2048 refuses merged_16bit on a local 4-bit checkpoint at startup: Unsloth's own merge raises."""
-    model, tokenizer = trained_model(tiny, split=True)
-    with pytest.raises(RuntimeError, match="16bit or mxfp4 base model"):
-        model.save_pretrained_merged(str(tmp_path / "merged"), tokenizer, save_method="merged_16bit")
-    with pytest.raises(ValueError, match=r"4-bit \(nf4\)"):
-        models.unsloth_merge_source(str(split_4bit(tiny)), True)
-    assert models.unsloth_merge_source(str(tiny), True) == f"{tiny}'s own weights (a local 16-bit checkpoint)"
+def test_a_checkpoint_in_unsloths_split_layout_is_not_a_merge_of_the_fused_original(tiny):
+    """Tensors that transformers' GPT-OSS does not have (Unsloth's split experts) are wrong, and the fused ones they
+    replace are missing: the weights' check says so, tensor by tensor, whatever wrote them."""
+    judged = models.judge_weights(split_16bit(tiny), tiny, {}, {}, set())
+    assert any("gate_up_projs.0.weight is not in the base" in why for why in judged["wrong"])
+    assert judged["tensors"] < len(models.tensor_files(tiny))
 
 
 # --- the default's adapter, evaluated -----------------------------------------------------------------------------
@@ -621,12 +526,14 @@ def test_a_default_run_adapter_maps_onto_fused_experts_as_the_same_function(tiny
     from transformers import AutoModelForCausalLM
 
     use_split_experts(True)
-    split = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(split_16bit(tiny)), moved_default_adapter)
+    split = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(split_16bit(tiny), dtype=torch.float32),
+                                      moved_default_adapter)
     expected = logits_of(split.eval(), IDS)
     assert sum(1 for name, _ in split.named_modules() if models.SPLIT_EXPERT.match(name.removesuffix(".base_layer"))
                and name.endswith("base_layer")) == 16  # fmt: skip  (PEFT found every expert through the pattern)
     use_split_experts(False)
-    fused = models.attach_split_expert_lora(AutoModelForCausalLM.from_pretrained(tiny), moved_default_adapter).eval()
+    fused = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    fused = models.attach_split_expert_lora(fused, moved_default_adapter).eval()
     got = logits_of(fused, IDS)
     with fused.disable_adapter():
         base = logits_of(fused, IDS)

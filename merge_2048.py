@@ -1,0 +1,206 @@
+"""Merge a run's LoRA adapters into their 16-bit base model, and prove the merge.
+
+    python merge_2048.py --adapter outputs/final            # into outputs/final-merged_16bit
+    python merge_2048.py --adapter outputs/checkpoint-300   # any checkpoint a run saved
+    python merge_2048.py --adapter outputs/final --base unsloth/gpt-oss-20b-BF16 --output_dir merged --overwrite
+
+`train_2048.py --save_method merged_16bit` runs this on final/ after training; run it yourself to merge again without
+training (after a merge that failed, or from a checkpoint). The base is the 16-bit checkpoint of the model the adapters
+were trained on (adapter_config.json names it; --base names another): the default preset's 4-bit checkpoint, and its
+MXFP4 original, merge into the BF16 copy of the same weights, unsloth/gpt-oss-20b-BF16 (models.SIXTEEN_BIT_ORIGINAL).
+transformers loads it with its own classes (on the GPU when there is one), PEFT merges, and the merged model goes to a
+temporary folder, published whole only when the merge is right; an existing output folder is replaced only with
+--overwrite.
+
+The merge is judged by models.merge_adapters: every merged weight against the base weight plus the adapters' product
+computed from the adapter's own files, rounded as a 16-bit merge must round; the merged model, reloaded with
+transformers' own classes, against the same base with the adapters applied unmerged. 16-bit weights cannot hold a
+LoRA change below half a weight's last digit, and a real run's adapters are mostly that small: what the merge kept is
+measured and said in one line and in <output_dir>/merge_report.json, with the advice that follows.
+
+Exit status: 0 a correct merge, whatever 16 bits keep of the adapters; 1 a wrong merge (nothing published); 2 bad
+input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import models  # the standard library only at import: the heavy imports wait until the inputs are checked
+
+log = logging.getLogger("train_2048.merge")
+
+
+@dataclass
+class MergeArguments:
+    """What to merge, into what, and where."""
+
+    adapter: str = field(metadata={"help": "The LoRA adapter folder: a run's final/ or one of its checkpoint-N."})
+    base: str | None = field(
+        default=None,
+        metadata={"help": "The 16-bit checkpoint to merge into (a folder or a hub id). Default: the model "
+                  "adapter_config.json names, or its 16-bit original."},
+    )  # fmt: skip
+    output_dir: str | None = field(
+        default=None, metadata={"help": "Where the merged model goes. Default: <adapter>-merged_16bit beside it."}
+    )
+    overwrite: bool = field(default=False, metadata={"help": "Replace output_dir when it exists (never otherwise)."})
+    log_file: str | None = field(
+        default=None, metadata={"help": "Also append the log to this file (train_2048.py passes its training.log)."}
+    )
+    seed: int = field(default=0, metadata={"help": "Seed of the sampled completions the distributions are compared on."})
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help keeps the usage examples as written and shows every default."""
+
+
+def die(message: str) -> None:
+    """Bad input: one line, exit status 2, no traceback."""
+    print(f"merge_2048: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def parse_args(argv: list[str] | None) -> MergeArguments:
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(MergeArguments, prog="merge_2048.py", description=__doc__, formatter_class=HelpFormatter,
+                              allow_abbrev=False)  # fmt: skip
+    (args,) = parser.parse_args_into_dataclasses(argv)
+    return args
+
+
+def check_inputs(args: MergeArguments) -> tuple[Path, str, Path]:
+    """(adapter folder, base checkpoint, output folder), checked with nothing loaded: one line and exit 2 otherwise."""
+    adapter = Path(args.adapter).expanduser()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        if not (adapter / name).is_file():
+            die(f"--adapter {args.adapter}: no {name} there (not a LoRA adapter folder: a run's final/ or checkpoint-N)")
+    try:
+        config = json.loads((adapter / "adapter_config.json").read_text())
+    except (OSError, ValueError) as error:
+        die(f"--adapter {args.adapter}: its adapter_config.json does not read ({models.one_line(error)})")
+    trained_on = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not (args.base or trained_on):
+        die(f"--adapter {args.adapter}: adapter_config.json names no base model; pass --base")
+    try:
+        base = models.merge_base(args.base or trained_on)
+    except ValueError as error:
+        source = "--base" if args.base else f"the model {adapter} was trained on"
+        die(f"{source}: {error}; --base names the 16-bit checkpoint of the same weights")
+    output = Path(args.output_dir).expanduser() if args.output_dir else adapter.resolve().with_name(
+        adapter.resolve().name + "-merged_16bit")  # fmt: skip
+    for kept, what in ((adapter, "the adapter"), (Path(base).expanduser(), "the base")):
+        if kept.exists() and (output.resolve() == kept.resolve() or output.resolve() in kept.resolve().parents):
+            die(f"--output_dir {output} holds {what} ({kept}): the merge goes elsewhere")
+    if output.exists() and not args.overwrite:
+        die(f"--output_dir {output} exists (an earlier merge?): --overwrite replaces it, or name another --output_dir")
+    if args.log_file:
+        try:
+            Path(args.log_file).open("a").close()
+        except OSError as error:
+            die(f"--log_file {args.log_file}: cannot write to it ({error.strerror or error})")
+    return adapter, base, output
+
+
+def start_logging(log_file: str | None) -> None:
+    """Plain lines on the console; with --log_file, the same with time and level appended to that file."""
+    console = logging.StreamHandler(sys.stdout)
+    handlers: list[logging.Handler] = [console]
+    if log_file:
+        to_file = logging.FileHandler(log_file)
+        to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handlers.append(to_file)
+    logger = logging.getLogger("train_2048")  # models' lines too
+    logger.handlers = handlers
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def advice(report: dict, adapter: Path) -> str:
+    if report["kept"] is None:
+        return "the adapters change no weight (LoRA B is zero: nothing was learned), so the merged model is the base"
+    if report["kept"] >= models.MERGED_KEPT:
+        return "16-bit weights hold the adapters: the merged model is the trained one"
+    return (f"16-bit weights cannot hold what the adapters learned, so the adapters ({adapter}) are the faithful "
+            "result: serve them on the base, or merge again after a longer run, whose larger changes 16 bits keep")  # fmt: skip
+
+
+def summary(report: dict, output: Path) -> str:
+    """The one line a correct merge ends with."""
+    said = (f"verified {output}: a correct merge, every weight the base's plus the adapters' rounded to "
+            f"{report['dtype']} ({report['adapted_tensors']} tensors changed, {report['tensors']} checked)")  # fmt: skip
+    if report["kept"] is not None:
+        said += (f"; 16-bit keeps {report['kept']:.3f} of the adapters' change ({report['rounded_away']} of the "
+                 f"{report['changed_weights']} weights they change rounded back to the base's)")  # fmt: skip
+    if report["kept_effect"] is not None:
+        said += (f", and {report['kept_effect']:.3f} ± {report['kept_effect_error']:.3f} of their effect on the "
+                 f"next-token distributions (KL to the unmerged model {report['kl_to_unmerged']:.2g} nats/token, "
+                 f"the adapters' own {report['adapters_kl']:.2g})")  # fmt: skip
+    if report["kept_effect"] is None and report.get("distributions"):
+        said += f" ({report['distributions']})"
+    return f"{said}; {report['advice']}; report: {output / 'merge_report.json'}"
+
+
+def merge(args: MergeArguments) -> int:
+    adapter, base_name, output = check_inputs(args)
+    start_logging(args.log_file)
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        base = models.checkpoint_folder(base_name)  # a hub checkpoint is downloaded unless cached
+        products, whole = models.adapter_products(adapter, models.tensor_shapes(base))
+    except ValueError as error:
+        die(str(error))
+    except Exception as error:  # noqa: BLE001 - the hub's errors (no network, no such file): one line
+        die(f"cannot fetch {base_name}: {type(error).__name__}: {models.one_line(error)}")
+    tmp = models.fresh(output)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as error:
+        die(f"--output_dir {output}: cannot write there ({error.strerror or error})")
+    pairs = sum(len(p) for p in products.values())
+    log.info(f"merging {adapter} ({pairs} LoRA pairs on {len(products)} tensors, {len(whole)} trained in full) into "
+             f"{base_name}, to {output}")  # fmt: skip
+    try:
+        report = models.merge_adapters(adapter, base, tmp, products, whole, seed=args.seed)
+    except ValueError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        die(str(error))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # never a half-written merge beside the adapters
+        raise
+    report.update(base=base_name, merged=str(output), advice=advice(report, adapter))
+    if report["wrong"]:
+        shutil.rmtree(tmp, ignore_errors=True)
+        more = f" (and {len(report['wrong']) - 3} more)" if len(report["wrong"]) > 3 else ""
+        log.error(f"{output}: the merge is wrong, so nothing was published: {'; '.join(report['wrong'][:3])}{more}; "
+                  f"the adapters in {adapter} are untouched")  # fmt: skip
+        return 1
+    (tmp / "merge_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    models.publish(tmp, output)
+    holds = report["kept"] is None or report["kept"] >= models.MERGED_KEPT
+    log.log(logging.INFO if holds else logging.WARNING, summary(report, output))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    models.quiet_library_imports()  # before peft, which imports bitsandbytes
+    args = parse_args(argv)
+    try:
+        return merge(args)
+    except KeyboardInterrupt:
+        print("merge_2048: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

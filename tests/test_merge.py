@@ -1,0 +1,270 @@
+"""merge_2048.py: merging a saved adapter into its 16-bit base, judged exactly, re-runnable; its errors (one line, exit
+2); and train_2048's check, before training, of the base --save_method merged_16bit will merge into.
+
+The tiny GPT-OSS here carries LoRA as the transformers backend trains it (the fused experts as target parameters).
+Unsloth's layouts, both presets and the three adapter sizes are the Unsloth tier's (tests/unsloth)."""
+
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+import merge_2048
+import models
+import rewards
+import run_folder
+import train_2048
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import gpu_check  # noqa: E402
+from merge_faults import FAULTS, NAMED, break_merge  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def train_2048_logger_restored():
+    """merge_2048.main sets the console handler of the "train_2048" logger, as a command does: each test gets it back."""
+    logger = logging.getLogger("train_2048")
+    saved = logger.handlers[:], logger.propagate, logger.level
+    yield
+    logger.handlers, logger.propagate, logger.level = saved
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A tiny GPT-OSS stored in bf16 in several shards (as the hub's 16-bit originals are), and beside it a LoRA on
+    attention and the fused experts, each changing its weights by 0.2% of a weight (a 300-step run's size)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    root = tmp_path_factory.mktemp("merge")
+    tokenizer = models.build_tokenizer([rewards.build_prompt(rewards.RewardSettings())])
+    config = GptOssConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"], router_aux_loss_coef=0.0, tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    GptOssForCausalLM(config).to(torch.bfloat16).save_pretrained(root / "base", max_shard_size="100KB")
+    tokenizer.save_pretrained(root / "base")
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                      target_parameters=models.GPT_OSS_EXPERTS)  # fmt: skip
+    model = get_peft_model(GptOssForCausalLM.from_pretrained(root / "base"), lora)
+    gpu_check.move_adapters(model, share=0.002)
+    model.save_pretrained(root / "final")
+    tokenizer.save_pretrained(root / "final")
+    return root
+
+
+def merge(*args) -> int:
+    return merge_2048.main([str(a) for a in args])
+
+
+def one_line_error(capsys, stop, *words):
+    """Exit 2, and our one line on stderr, naming what is wrong."""
+    assert stop.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("merge_2048: "), lines
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+# --- a merge, judged ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_real_size_merge_is_correct_says_what_16_bits_keep_and_is_never_overwritten_unasked(tiny, capsys):
+    """0.2% of a weight: a correct merge (exit 0) whose 16-bit weights keep part of the adapters' change, said in one
+    line and in merge_report.json with the advice to serve the adapters. The same command again refuses to replace
+    it; with --overwrite it merges again, the same bytes."""
+    out = tiny / "final-merged_16bit"
+    assert merge("--adapter", tiny / "final") == 0  # the default output folder: beside the adapter
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("verified ")]
+    assert len(said) == 1 and f"verified {out}: a correct merge" in said[0] and "16-bit keeps 0." in said[0]
+    report = json.loads((out / "merge_report.json").read_text())
+    assert report["wrong"] == [] and report["dtype"] == "bfloat16" and report["adapted_tensors"] == 12
+    assert 0.5 < report["kept"] < models.MERGED_KEPT and 0 < report["rounded_away"] < report["changed_weights"]
+    assert report["distributions"] == "compared in float32 arithmetic, on the CPU" and report["kept_effect"] is not None
+    assert "serve them on the base" in report["advice"] and report["base"] == str(tiny / "base")
+    assert sorted(p.name for p in tiny.iterdir()) == ["base", "final", "final-merged_16bit"]  # no .tmp, no .old
+    first = (out / "model.safetensors").read_bytes()
+    with pytest.raises(SystemExit) as stop:
+        merge("--adapter", tiny / "final")
+    one_line_error(capsys, stop, str(out), "exists", "--overwrite")
+    assert (out / "model.safetensors").read_bytes() == first
+    assert merge("--adapter", tiny / "final", "--overwrite") == 0
+    assert (out / "model.safetensors").read_bytes() == first
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_wrong_merge_exits_1_and_publishes_nothing(tiny, tmp_path, fault, monkeypatch, capsys):
+    """merge_faults.py's wrong merges, with adapters that change each weight by 0.2% of a weight, which 16-bit rounding
+    mostly erases: exit 1, one ERROR line naming the tensors, nothing published, the adapters untouched."""
+    break_merge(monkeypatch, fault)
+    before = (tiny / "final" / "adapter_model.safetensors").read_bytes()
+    assert merge("--adapter", tiny / "final", "--output_dir", tmp_path / "merged") == 1
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "the merge is wrong" in line]
+    assert NAMED[fault] in line and "are not base + adapters rounded to bfloat16" in line
+    assert list(tmp_path.iterdir()) == [] and (tiny / "final" / "adapter_model.safetensors").read_bytes() == before
+
+
+def test_a_checkpoint_merges_beside_itself_where_no_resume_or_rotation_takes_it_for_one(tiny, tmp_path):
+    """checkpoint-N (what a run saves every save_steps: the same adapter files, with the optimizer's) merges into
+    checkpoint-N-merged_16bit, which --resume auto never takes for a checkpoint (nor transformers' rotation, whose
+    pattern is checkpoint-<digits>)."""
+    from transformers.trainer_utils import _re_checkpoint
+
+    checkpoint = tmp_path / "checkpoint-7"
+    shutil.copytree(tiny / "final", checkpoint)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 7}))
+    _, base, output = merge_2048.check_inputs(merge_2048.MergeArguments(adapter=str(checkpoint)))
+    assert output == checkpoint.resolve().with_name("checkpoint-7-merged_16bit") and base == str(tiny / "base")
+    output.mkdir()
+    (output / "trainer_state.json").write_text(json.dumps({"global_step": 7}))  # as if it were one
+    assert run_folder.last_complete(tmp_path) == checkpoint and not _re_checkpoint.search(output.name)
+
+
+# --- bad input: one line, exit 2, nothing written -----------------------------------------------------------------
+
+
+def bad_inputs(tiny: Path, tmp: Path) -> dict:
+    """name: (arguments, words the line must say)."""
+    (tmp / "empty").mkdir()
+    damaged = {"config": tmp / "damaged-config", "tensors": tmp / "damaged-tensors", "dora": tmp / "dora",
+               "legacy": tmp / "legacy"}
+    for folder in damaged.values():
+        shutil.copytree(tiny / "final", folder)
+    (damaged["config"] / "adapter_config.json").write_text("{not json")
+    (damaged["tensors"] / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+    config = json.loads((tiny / "final" / "adapter_config.json").read_text())
+    (damaged["dora"] / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    (damaged["legacy"] / "adapter_config.json").write_text(json.dumps({**config, "lora_B_layout": "grouped_by_expert"}))
+    moved = tmp / "moved-base"
+    shutil.copytree(tiny / "final", moved)
+    (moved / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(tmp / "gone")}))
+    four_bit = tmp / "four-bit"
+    shutil.copytree(tiny / "base", four_bit)
+    base_config = json.loads((four_bit / "config.json").read_text())
+    nf4 = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+    (four_bit / "config.json").write_text(json.dumps({**base_config, "quantization_config": nf4}))
+    other = tmp / "other-widths"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({**base_config, "hidden_size": 32}))
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"model.layers.0.self_attn.q_proj.weight": torch.zeros(64, 32, dtype=torch.bfloat16)},
+              str(other / "model.safetensors"))  # fmt: skip
+    (tmp / "a-file").write_text("")
+    final = tiny / "final"
+    return {
+        "no such folder": (["--adapter", tmp / "missing"], ["no adapter_config.json there"]),
+        "not an adapter": (["--adapter", tmp / "empty"], ["no adapter_config.json there", "final/ or checkpoint-N"]),
+        "damaged config": (["--adapter", damaged["config"]], ["adapter_config.json does not read"]),
+        "damaged tensors": (["--adapter", damaged["tensors"], "--output_dir", tmp / "o1"], ["does not read as an adapter"]),
+        "DoRA": (["--adapter", damaged["dora"], "--output_dir", tmp / "o2"], ["DoRA"]),
+        "older Unsloth": (["--adapter", damaged["legacy"], "--output_dir", tmp / "o5"], ["'grouped_by_expert'",
+                                                                                       "save_pretrained_merged"]),
+        "base gone": (["--adapter", moved], ["the model", "is not a model folder", "--base"]),
+        "4-bit base": (["--adapter", final, "--base", four_bit], ["--base", "stored in 4-bit (nf4)"]),
+        "other widths": (["--adapter", final, "--base", other, "--output_dir", tmp / "o3"], ["fits no tensor of the base"]),
+        "into the adapter": (["--adapter", final, "--output_dir", final], ["holds the adapter"]),
+        "into the base": (["--adapter", final, "--output_dir", tiny / "base"], ["holds the base"]),
+        "unwritable": (["--adapter", final, "--output_dir", tmp / "a-file" / "merged"], ["cannot write there"]),
+        "log file": (["--adapter", final, "--output_dir", tmp / "o4", "--log_file", tmp / "a-file" / "log"],
+                     ["--log_file", "cannot write to it"]),
+    }
+
+
+@pytest.mark.parametrize("case", ["no such folder", "not an adapter", "damaged config", "damaged tensors", "DoRA", "older Unsloth",
+                                  "base gone", "4-bit base", "other widths", "into the adapter", "into the base",
+                                  "unwritable", "log file"])  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(tiny, tmp_path, case, capsys):
+    args, words = bad_inputs(tiny, tmp_path)[case]
+    listing = sorted(p.name for p in tiny.iterdir())
+    with pytest.raises(SystemExit) as stop:
+        merge(*args)
+    one_line_error(capsys, stop, *words)
+    assert sorted(p.name for p in tiny.iterdir()) == listing  # nothing written beside the adapter or the base
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*"))
+
+
+def test_a_hub_base_that_cannot_be_reached_is_one_line(tiny, tmp_path, monkeypatch, capsys):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SystemExit) as stop:
+        merge("--adapter", tiny / "final", "--base", "nobody/no-such-model", "--output_dir", tmp_path / "merged")
+    one_line_error(capsys, stop, "nobody/no-such-model cannot be reached on the Hugging Face hub")
+
+
+def test_help_lists_the_options(capsys):
+    """As a process, a bad input is one line on stderr after PEFT's imports: tests/test_library_noise.py runs it."""
+    with pytest.raises(SystemExit) as stop:
+        merge("--help")
+    said = capsys.readouterr().out
+    assert stop.value.code == 0 and all(f"--{o}" in said for o in ("adapter", "base", "output_dir", "overwrite"))
+    assert "Exit status: 0 a correct merge" in said
+
+
+# --- train_2048: the merge after training ---------------------------------------------------------------------------
+
+
+def parsed(*args):
+    script_args, _, _, model_args = train_2048.parse_args(["--config", str(REPO / "configs" / "gpt-oss-20b.yaml"),
+                                                           "--use_cpu", "true", "--bf16", "false", *args])  # fmt: skip
+    return script_args, model_args
+
+
+def test_train_asks_before_training_where_merged_16bit_will_merge(tmp_path, monkeypatch, capsys):
+    """The default preset's MXFP4 checkpoint merges into its BF16 copy, looked up on the hub (or its cache) before
+    training; offline without it, a local 4-bit checkpoint, or no LoRA at all stop the run with one line."""
+    import huggingface_hub
+    import huggingface_hub.constants
+
+    script_args, model_args = parsed("--save_method", "merged_16bit")
+    asked = []
+
+    def config_json(name, filename, **kwargs):
+        asked.append(name)
+        (tmp_path / "config.json").write_text("{}")
+        return str(tmp_path / "config.json")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", config_json)
+    assert train_2048.check_merge_source(script_args, model_args, tmp_path) == "unsloth/gpt-oss-20b-BF16"
+    assert asked == ["unsloth/gpt-oss-20b-BF16"]
+    monkeypatch.undo()
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    four_bit = tmp_path / "four-bit"
+    four_bit.mkdir()
+    (four_bit / "config.json").write_text(json.dumps({"quantization_config": {"load_in_4bit": True,
+                                                                              "bnb_4bit_quant_type": "nf4"}}))
+    cases = [((), ["unsloth/gpt-oss-20b-BF16 cannot be reached"]),
+             (("--model_name_or_path", str(four_bit)), ["stored in 4-bit (nf4)", "python merge_2048.py --adapter"]),
+             (("--use_peft", "false"), ["--use_peft false"])]  # fmt: skip
+    for args, words in cases:
+        script_args, model_args = parsed("--save_method", "merged_16bit", *args)
+        with pytest.raises(SystemExit) as stop:
+            train_2048.check_merge_source(script_args, model_args, tmp_path)
+        line = capsys.readouterr().err.strip()
+        assert stop.value.code == 2 and "\n" not in line and line.startswith("train_2048: --"), line
+        assert all(word in line for word in words), line
+    assert train_2048.check_merge_source(*parsed("--save_method", "lora"), tmp_path) is None
+
+
+@pytest.mark.slow
+def test_a_merge_that_cannot_run_after_training_is_one_error_line(tiny, tmp_path, caplog):
+    """The base gone between the startup check and the end of training: one ERROR line that says how to merge
+    later, and False (train_2048 exits 1); final/ is untouched."""
+    with caplog.at_level(logging.ERROR, logger="train_2048"):
+        assert not models.merge_in_fresh_process(tiny / "final", str(tmp_path / "gone"), tmp_path / "final-merged_16bit")
+    (line,) = caplog.messages
+    assert "the merge failed" in line and "is not a model folder" in line and "python merge_2048.py" in line
+    assert not (tmp_path / "final-merged_16bit").exists()
