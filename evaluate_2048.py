@@ -9,8 +9,9 @@
 A model writes S strategies from the training prompt; every strategy (a model's samples, each file, each
 baseline) plays the same M seeded games in the sandbox, and each is judged like the rewards judge an
 answer: a model's sample or a file is played only when it is one clean `def strategy(board)`. The game
-options are rewards.RewardSettings, parsed as train_2048.py parses them (`--config` takes a training preset's
-game keys and ignores the rest). The table goes to the terminal; every game to results.json; max-tile
+options are rewards.RewardSettings, parsed as train_2048.py parses them; `--config` (default: train_2048.py's
+default preset) gives the board, the token budget and the reasoning effort the model was trained with, and nothing
+else of the training run (FROM_PRESET). The table goes to the terminal; every game to results.json; max-tile
 distributions to max_tiles.png. Everything except the baselines in `--watch` runs in the sandbox.
 The work is done by evaluation.py; this file reads the options and reports.
 """
@@ -28,6 +29,7 @@ from pathlib import Path
 import evaluation
 import game2048
 import models  # the standard library only at import: the heavy imports wait until the options are checked
+import options
 import rewards
 import sandbox
 import strategies
@@ -73,8 +75,7 @@ class EvalArguments:
     temperature: float = field(default=1.0, metadata={"help": "0 = greedy decoding"})
     max_new_tokens: int | None = field(
         default=None,
-        metadata={"help": "tokens per sampled answer (default: the training budget, --config's max_completion_length, "
-                  "else the default preset's)"},
+        metadata={"help": "tokens per sampled answer (default: the training budget, --config's max_completion_length)"},
     )  # fmt: skip
     batch_size: int = field(default=8, metadata={"help": "samples generated at once"})
     reasoning_effort: str = field(default="low", metadata={"help": "chat template argument (gpt-oss)"})
@@ -82,24 +83,49 @@ class EvalArguments:
     output_dir: str = field(default="outputs/eval", metadata={"help": "where results.json and max_tiles.png go"})
 
 
+# What --config takes from a training preset: the game the model learned to play and how it answered (its token budget,
+# its reasoning effort), each under the preset's key. Its other keys are the training run's own (its output folder,
+# games per answer, time limits, ...) and are not read: an evaluation writes to its own --output_dir and plays --games
+# (50) games per strategy, with time to spare, unless its own flags say otherwise.
+FROM_PRESET = {
+    "size": "size", "target": "target", "probability_fours": "probability_fours", "keys": "keys",
+    "max_moves": "max_moves", "max_completion_length": "max_new_tokens",
+    "chat_template_kwargs.reasoning_effort": "reasoning_effort",
+}  # fmt: skip
+
+
 def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSettings]:
     """The options, checked with nothing loaded, so a mistake costs a second, not a model load."""
-    from trl import TrlParser
+    from transformers import HfArgumentParser
 
-    parser = TrlParser((EvalArguments, rewards.RewardSettings), prog="evaluate_2048.py", allow_abbrev=False)
+    parser = HfArgumentParser(
+        (EvalArguments, rewards.RewardSettings), prog="evaluate_2048.py", allow_abbrev=False, exit_on_error=False
+    )
+    parser.add_argument("--config", metavar="FILE.yaml", default=str(DEFAULT_PRESET.relative_to(DEFAULT_PRESET.parents[1])),
+                        help="The training preset the model was trained with: the board (size, target, "
+                        "probability_fours, keys, max_moves), max_completion_length (as --max_new_tokens) and the "
+                        "reasoning effort are read from it; its other keys (output_dir, games, time limits) are the "
+                        "training run's and are not. Flags win.")  # fmt: skip
     # Evaluation plays more games per strategy, with time to spare: a loaded machine must not turn slow but good
-    # play into timeouts. Flags and a --config file still override these.
+    # play into timeouts.
     parser.set_defaults(games=50, game_time_limit=60.0)
     try:
-        args, settings, config_keys, unknown = parser.parse_args_and_config(
-            argv, return_remaining_strings=True, separate_remaining_strings=True
-        )
+        path, rest = options.split_config(list(sys.argv[1:] if argv is None else argv))
+        config = options.read_config(path or str(DEFAULT_PRESET))
+        chat = config.get("chat_template_kwargs")
+        if isinstance(chat, dict) and "reasoning_effort" in chat:
+            config["chat_template_kwargs.reasoning_effort"] = chat["reasoning_effort"]
+        taken = {key: value for key, value in config.items() if key in FROM_PRESET}
+        namespace, _ = options.parse(parser, taken, rest, path or str(DEFAULT_PRESET), names=FROM_PRESET)
+        args, settings = options.build(parser, namespace)
+    except options.OptionError as exc:
+        die(str(exc))
     except ValueError as exc:  # a value RewardSettings rejects (--size 1, --keys WWSD, ...)
         die(" ".join(str(exc).split()))
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")  # a training key in --config is fine; a flag not
-    if args.max_new_tokens is None:  # sample with the budget the model was trained with
-        args.max_new_tokens = training_budget(config_keys)
+    if args.max_new_tokens is None:  # a preset without a budget trained with TRL's default one
+        from trl import GRPOConfig
+
+        args.max_new_tokens = GRPOConfig.__dataclass_fields__["max_completion_length"].default
     for name in ("samples", "max_new_tokens", "batch_size"):
         if getattr(args, name) < 1:
             die(f"--{name} must be >= 1")
@@ -110,6 +136,8 @@ def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSet
     if args.model is not None:
         if not Path(args.model).expanduser().exists():
             die(f"--model {args.model}: no such directory (local paths only)")
+        if models.not_a_model(args.model):
+            die(f"--model {args.model}: {models.not_a_model(args.model)}")
         args.model = str(Path(args.model).expanduser())
     if args.base and args.adapter is None:
         die("--base needs --adapter (it is the model the adapter was trained on)")
@@ -119,15 +147,6 @@ def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSet
     elif not (args.baselines or args.strategy or args.adapter or args.model):
         die("nothing to evaluate: give --adapter, --model, --strategy or --baselines")
     return args, settings
-
-
-def training_budget(config_keys: list[str]) -> int:
-    """max_completion_length of the --config preset, else of the default preset (configs/gpt-oss-20b.yaml)."""
-    if "--max_completion_length" in config_keys:
-        return int(config_keys[config_keys.index("--max_completion_length") + 1])
-    import yaml
-
-    return int(yaml.safe_load(DEFAULT_PRESET.read_text())["max_completion_length"])
 
 
 # --- sources ------------------------------------------------------------------------------------------------

@@ -204,6 +204,23 @@ def load_model(
     return model, tokenizer
 
 
+def not_a_model(path: str) -> str | None:
+    """Why a local folder is no model to load, read from its file names (None: it may be one, or it is a hub name):
+    asked before a load, so a folder of something else costs one line, not a traceback from deep in transformers."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        return None if not folder.exists() else "a file, not a model folder"
+    if (folder / "config.json").is_file():
+        return None
+    if (folder / "adapter_config.json").is_file():
+        try:
+            base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            base = None
+        return f"it holds LoRA adapters, not a model (their base model: {base or 'not named'})"
+    return "no config.json there, so not a model folder (one holds config.json, the weights and the tokenizer)"
+
+
 def _load_unsloth(path, model_args, trainable, max_seq_length, offload_embedding, seed, gradient_checkpointing):
     from unsloth import FastLanguageModel
 

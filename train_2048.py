@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import importlib.metadata
 import importlib.util
 import json
@@ -36,11 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 import demo_data
 import models
+import options
 import rewards
+import run_folder
 import sandbox
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +50,7 @@ REAL_GPT_OSS = re.compile(r"gpt-oss-(20|120)b", re.I)  # checkpoints no CPU can 
 # Unsloth (2026.10.9) writes mxfp4 through llm-compressor, which runs with transformers up to this version only
 # (unsloth/save.py, _LLM_COMPRESSOR_MAX_TRANSFORMERS; tests/unsloth checks it): above it the save fails after training.
 MXFP4_MAX_TRANSFORMERS = "4.57.6"
+MAX_STEP_SECONDS = 3600  # no preset's GRPO step comes near an hour (GPT-OSS-20B on a DGX Spark: ~90 s)
 log = logging.getLogger("train_2048")
 
 
@@ -78,7 +80,17 @@ class ScriptArguments:
     sft_learning_rate: float = field(default=2e-4, metadata={"help": "Learning rate of the warm start."})
     resume: str | None = field(
         default=None,
-        metadata={"help": "'auto': continue from the latest complete checkpoint in output_dir, if any; or a path."},
+        metadata={
+            "help": "'auto': continue from the latest checkpoint in output_dir that can be loaded (one that cannot is "
+            "skipped and named); or a checkpoint's path."
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "A new run into an output_dir that holds a run is refused (--resume auto continues it); true: "
+            "delete that run's files first (checkpoints, final, strategies, metrics, logs)."
+        },
     )
     save_method: Literal["lora", "merged_16bit", "mxfp4"] = field(
         default="lora",
@@ -171,37 +183,34 @@ def die(message: str) -> None:
 # --- options ------------------------------------------------------------------------------------------------
 
 
-def read_config(argv: list[str]) -> dict:
-    """The --config YAML file as a dict (TrlParser reads it again; this copy decides the backend first)."""
-    i = argv.index("--config")
-    if i + 1 >= len(argv):
-        die("--config needs a YAML file")
-    path = argv[i + 1]
-    try:
-        config = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        die(f"cannot read config {path}: {' '.join(str(exc).split())}")
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        die(f"config {path} must be a YAML mapping of option: value")
-    return config
+def config_and_flags(argv: list[str]) -> tuple[str, dict, list[str]]:
+    """(the preset's path, its mapping, the command line's other words); the default preset when none is given. A
+    preset's `env:` mapping sets environment variables, as TRL's parser does."""
+    path, rest = options.split_config(argv)
+    path = path or str(DEFAULT_CONFIG)  # plain `python train_2048.py` is the GPT-OSS-20B run
+    config = options.read_config(path)
+    env = config.pop("env", None) or {}
+    if not isinstance(env, dict) or any(isinstance(v, dict | list) for v in env.values()):
+        raise options.OptionError(f"{path}: env: a mapping of NAME: value (environment variables)")
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    return path, config, rest
 
 
-def early_options(argv: list[str], config: dict) -> argparse.Namespace:
+def early_options(argv: list[str]) -> argparse.Namespace:
     """The few options that decide what to import, read before the full parse: Unsloth must be imported before trl.
 
-    Same names as the full parser and, like it, no abbreviations, so both read the same values.
+    The same words as the full parse (the preset's, then the flags), so both read the same values.
     """
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     for name in ("backend", "model_name_or_path", "use_cpu", "load_in_4bit"):
         parser.add_argument(f"--{name}", f"--{name.replace('_', '-')}", nargs="?", const="true", default=None)
     parser.add_argument("-h", "--help", action="store_true")
-    known, _ = parser.parse_known_args(argv)
-    for name, value in vars(known).items():
-        if value is None:
-            setattr(known, name, config.get(name))
-    return known
+    try:
+        path, config, rest = config_and_flags(argv)
+        words = [w for ws in options.config_words(config, parser, path).values() for w in ws]
+        return parser.parse_known_args(words + rest)[0]
+    except options.OptionError as exc:
+        die(str(exc))
 
 
 def truthy(value) -> bool:
@@ -233,50 +242,118 @@ def choose_backend(options: argparse.Namespace) -> tuple[str, bool]:
 
 
 def parse_args(argv: list[str]):
-    """(script_args, reward settings, training_args, model_args); a bad option is a usage error."""
-    from trl import GRPOConfig, ModelConfig, TrlParser
+    """(script_args, reward settings, training_args, model_args): every option read and checked, the preset's values
+    as its flags are, before anything is written or loaded. A mistake is one line and exit status 2."""
+    from transformers import HfArgumentParser
+    from trl import GRPOConfig, ModelConfig
 
-    parser = TrlParser(
+    parser = HfArgumentParser(
         (ScriptArguments, rewards.RewardSettings, GRPOConfig, ModelConfig),
         prog="train_2048.py",
         usage="train_2048.py [--config FILE.yaml] [--option VALUE ...]   (--help lists every option)",
         description=__doc__,
         formatter_class=HelpFormatter,
         allow_abbrev=False,
+        exit_on_error=False,
     )
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG.relative_to(HERE)), metavar="FILE.yaml",
+                        help="The preset: its keys are options, as flags are; flags after it win.")  # fmt: skip
     try:
-        script_args, settings, training_args, model_args = parser.parse_args_and_config(argv)
-    except (ValueError, TypeError) as exc:  # an unknown YAML key, or a value GRPOConfig or RewardSettings rejects
-        parser.error(" ".join(str(exc).split()))
-    for name, choices in (
-        ("backend", ("auto", "unsloth", "transformers")),
-        ("save_method", ("lora", "merged_16bit", "mxfp4")),
-        ("truncated", ("score", "skip")),
-    ):
-        if getattr(script_args, name) not in choices:  # a YAML value skips argparse's own check
-            parser.error(
-                f"argument --{name}: invalid choice: {getattr(script_args, name)!r} (choose from {', '.join(choices)})"
-            )
-    if not model_args.model_name_or_path:
-        parser.error(f"--model_name_or_path is required ({models.TINY}: the CPU demo's model)")
-    for name in ("eval_samples", "eval_games"):
-        if getattr(script_args, name) < 1:
-            parser.error(f"argument --{name}: must be >= 1")
-    for name in ("archive_size", "archive_games"):
-        if getattr(script_args, name) < 0:
-            parser.error(f"argument --{name}: must be >= 0")
-    if not 0 < script_args.archive_budget <= 1:
-        parser.error("argument --archive_budget: must be a share of the step's time, above 0 and at most 1")
-    if not 0 <= script_args.overlong_penalty < training_args.max_completion_length:
-        parser.error("argument --overlong_penalty: must be >= 0 and below --max_completion_length")
+        path, config, rest = config_and_flags(argv)
+        known = options.long_flags(parser)
+        for key in config:
+            if str(key).replace("-", "_") not in known:
+                close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.75)
+                raise options.OptionError(f"{path}: unknown key {key}" + (f" (did you mean {close[0]}?)" if close else
+                                          " (train_2048.py --help lists every option)"))  # fmt: skip
+        namespace, given = options.parse(parser, config, rest, path)
+        groups = group_problem(namespace)
+        if groups:
+            raise options.OptionError(groups)
+        try:
+            script_args, settings, training_args, model_args = options.build(parser, namespace)
+        except (ValueError, TypeError) as exc:  # a value or combination GRPOConfig or RewardSettings refuses
+            raise options.OptionError(f"refused: {' '.join(str(exc).split())}") from None
+        check_options(script_args, training_args, model_args, given)
+    except options.OptionError as exc:
+        die(str(exc))
     if script_args.truncated == "skip":
         training_args.mask_truncated_completions = True  # and the rewards return None for them (trainer.py)
     return script_args, settings, training_args, model_args
 
 
-def check_before_loading(script_args, settings, training_args, model_args, backend: str) -> Path | None:
-    """Every check that needs nothing loaded: one line and exit 2 now, not a traceback an hour in. Returns the
-    checkpoint to resume from, if any."""
+def group_problem(namespace: argparse.Namespace) -> str | None:
+    """GRPO's batch rule in the user's words: a step's completions are whole groups of num_generations answers to one
+    prompt (TRL's own error speaks of generation and eval batch sizes)."""
+    n, world = namespace.num_generations, int(os.environ.get("WORLD_SIZE", "1"))
+    if n is None:
+        return None
+    if n < 2:
+        return f"--num_generations {n}: GRPO scores each completion against the others of its group: at least 2"
+    per_step = namespace.per_device_train_batch_size * world * (namespace.steps_per_generation or
+                                                                namespace.gradient_accumulation_steps)  # fmt: skip
+    batch = namespace.generation_batch_size or per_step
+    processes = f" x {world} processes" if world > 1 else ""
+    made = ("--generation_batch_size" if namespace.generation_batch_size else
+            f"per_device_train_batch_size {namespace.per_device_train_batch_size}{processes} x "
+            f"{'steps_per_generation' if namespace.steps_per_generation else 'gradient_accumulation_steps'} "
+            f"{namespace.steps_per_generation or namespace.gradient_accumulation_steps}")  # fmt: skip
+    if batch % n:
+        fits = [d for d in range(2, batch + 1) if batch % d == 0]
+        return (f"--num_generations {n}: a step samples {batch} completions ({made}), which must split into whole "
+                f"groups of {n} answers to one prompt: use {', '.join(map(str, fits))}, or a batch that {n} divides "
+                f"(--per_device_train_batch_size {n}, say)")  # fmt: skip
+    evaluating = namespace.eval_strategy not in ("no", None)
+    eval_batch = namespace.per_device_eval_batch_size * world
+    if evaluating and eval_batch % (namespace.num_generations_eval or n):
+        return (f"--num_generations {n}: TRL also asks that the evaluation's batch, --per_device_eval_batch_size "
+                f"{namespace.per_device_eval_batch_size}{processes}, hold whole groups of {n}: make it a multiple of "
+                f"{n} (the evaluation samples --eval_samples strategies, that many at once)")  # fmt: skip
+    return None
+
+
+def check_options(script_args, training_args, model_args, given: set[str]) -> None:
+    """Ranges and conflicts of our options, and the TRL/transformers ones that ours depend on."""
+    if not model_args.model_name_or_path:
+        raise options.OptionError(f"--model_name_or_path is required ({models.TINY}: the CPU demo's model)")
+    for name in ("eval_samples", "eval_games"):
+        if getattr(script_args, name) < 1:
+            raise options.OptionError(f"--{name} {getattr(script_args, name)}: must be >= 1")
+    for name in ("archive_size", "archive_games"):
+        if getattr(script_args, name) < 0:
+            raise options.OptionError(f"--{name} {getattr(script_args, name)}: must be >= 0")
+    if not 0 < script_args.archive_budget <= 1:
+        raise options.OptionError(f"--archive_budget {script_args.archive_budget:g}: a share of the step's time, "
+                                  "above 0 and at most 1")  # fmt: skip
+    if not 0 <= script_args.overlong_penalty < training_args.max_completion_length:
+        raise options.OptionError(f"--overlong_penalty {script_args.overlong_penalty}: must be >= 0 and below "
+                                  f"--max_completion_length ({training_args.max_completion_length})")  # fmt: skip
+    if script_args.truncated == "skip" and "mask_truncated_completions" in given and \
+            not training_args.mask_truncated_completions:  # fmt: skip
+        raise options.OptionError("--truncated skip leaves a cut-off completion unscored, which needs "
+                                  "--mask_truncated_completions true (no gradient from it either): drop "
+                                  "--mask_truncated_completions false, or use --truncated score")  # fmt: skip
+    resume, other = script_args.resume, training_args.resume_from_checkpoint
+    if resume and other and resume != other:
+        raise options.OptionError(f"--resume {resume} and --resume_from_checkpoint {other}: give one of them "
+                                  "(--resume auto continues the latest checkpoint of --output_dir)")  # fmt: skip
+    if (resume or other) and script_args.overwrite_output_dir:
+        raise options.OptionError("--overwrite_output_dir starts the run over, --resume continues it: give one")
+    from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
+
+    for name in training_args.report_to or []:
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise options.OptionError(f"--report_to {name}: no such integration (transformers knows "
+                                      f"{', '.join(INTEGRATION_TO_CALLBACK)}; none: no reports)")  # fmt: skip
+        if name not in get_available_reporting_integrations():
+            raise options.OptionError(f"--report_to {name}: it is not installed here (pip install {name}), or "
+                                      "leave it out (tensorboard is installed with train_2048)")  # fmt: skip
+
+
+def check_before_loading(script_args, settings, training_args, model_args, backend: str) -> tuple[Path | None, list]:
+    """Every check of what the options name (paths, checkpoints, the output folder, the hub, the sandbox), with
+    nothing loaded or written: one line and exit 2 now, not a traceback an hour in. Returns the checkpoint to resume
+    from, if any, and the lines to log about newer checkpoints that cannot be loaded."""
     model_name, output_dir = model_args.model_name_or_path, Path(training_args.output_dir)
     if script_args.save_method == "mxfp4" and backend != "unsloth":
         die("--save_method mxfp4 needs the unsloth backend on a CUDA GPU; use lora or merged_16bit here")
@@ -292,23 +369,22 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
     looks_local = model_name.startswith((".", "/", "~")) or model_name.count("/") > 1  # a hub id is org/name
     if model_name != models.TINY and looks_local and not Path(model_name).expanduser().exists():
         die(f"model path {model_name} does not exist")
-    resume = script_args.resume or training_args.resume_from_checkpoint
-    checkpoint = None
-    if resume == "auto":
-        checkpoint = latest_checkpoint(output_dir) if output_dir.is_dir() else None
-    elif resume:
-        checkpoint = Path(resume)
-        if not complete_checkpoint(checkpoint):
-            die(f"--resume {resume}: not a complete checkpoint (no readable trainer_state.json for its step)")
-    if not writable(output_dir):
+    problem = models.not_a_model(model_name) if model_name != models.TINY else None
+    if problem:
+        die(f"model path {model_name}: {problem}")
+    if not run_folder.writable(output_dir):
         die(f"output_dir {output_dir} is not a writable directory")
+    checkpoint, notes = resume_point(script_args, training_args, model_args, output_dir)
+    notes += filter(None, [check_archive_games(script_args)])
+    if training_args.push_to_hub:
+        check_hub(training_args)
     walls = sandbox.walls()
     if settings.require_seccomp and not walls["seccomp"]:
         die(
             f"the sandbox has no seccomp wall here ({walls['reason']}): install libseccomp (Debian/Ubuntu: "
             "libseccomp2), or pass --require_seccomp false to train with the other walls only (docs/SECURITY.md)"
         )
-    return checkpoint
+    return checkpoint, notes
 
 
 def check_merge_source(script_args, model_args, output_dir: Path) -> str | None:
@@ -336,29 +412,100 @@ def version_at_most(package: str, highest: str) -> bool:
     return Version(Version(importlib.metadata.version(package)).base_version) <= Version(highest)
 
 
-def complete_checkpoint(path: Path) -> bool:
-    """transformers writes checkpoint-N in place (no temporary folder), trainer_state.json last: a checkpoint
-    is complete when that file parses and, for checkpoint-N, names step N."""
+# --- the output folder and its checkpoints (run_folder.py reads them) -------------------------------------------
+
+
+def resume_point(script_args, training_args, model_args, output_dir: Path) -> tuple[Path | None, list[str]]:
+    """The checkpoint to continue from (None: a fresh start), and a line for each newer one that cannot be loaded. A
+    fresh start never goes into a folder that holds a run, and a damaged checkpoint is never resumed from."""
+    resume = script_args.resume or training_args.resume_from_checkpoint
+    checkpoint, skipped = None, []
+    if resume == "auto":
+        for path in run_folder.checkpoints(output_dir):
+            problem = run_folder.checkpoint_damage(path)
+            if problem is None:
+                checkpoint = path
+                break
+            skipped.append(f"{path.name} is skipped: {problem}")
+        if checkpoint is None and run_folder.holds_a_run(output_dir):
+            damaged = f" ({'; '.join(skipped)})" if skipped else ""
+            die(f"--resume auto: {output_dir} holds a run but no checkpoint that can be loaded{damaged}; start over "
+                "with --overwrite_output_dir true, or give another --output_dir")  # fmt: skip
+    elif resume:
+        checkpoint = Path(resume)
+        problem = run_folder.checkpoint_damage(checkpoint)
+        if problem:
+            die(f"--resume {resume}: not a checkpoint that can be loaded ({problem})")
+        if checkpoint.resolve().parent != output_dir.resolve() and run_folder.holds_a_run(output_dir):
+            die(f"output_dir {output_dir} holds another run than {checkpoint}'s: continue there (--output_dir "
+                f"{checkpoint.parent}) or give an empty --output_dir")  # fmt: skip
+    elif run_folder.holds_a_run(output_dir) and not script_args.overwrite_output_dir:
+        die(f"output_dir {output_dir} holds a run: continue it with --resume auto, start over with "
+            "--overwrite_output_dir true (its files are deleted), or give another --output_dir")  # fmt: skip
+    if checkpoint is not None:
+        check_adapter_shape(checkpoint, model_args)
+    return checkpoint, skipped
+
+
+def check_adapter_shape(checkpoint: Path, model_args) -> None:
+    """A resume loads the checkpoint's LoRA into adapters made from the options: their rank and scale must be the
+    checkpoint's (the modules are compared once the model is built: compare_adapters)."""
+    config_file = checkpoint / "adapter_config.json"
+    if not model_args.use_peft or not config_file.is_file():
+        return
     try:
-        state = json.loads((path / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return False
-    match = re.fullmatch(r"checkpoint-(\d+)", path.name)
-    return not match or state.get("global_step") == int(match.group(1))
+        saved = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        die(f"--resume: {config_file} cannot be read ({type(exc).__name__})")
+    for option, key in (("lora_r", "r"), ("lora_alpha", "lora_alpha")):
+        if key in saved and saved[key] != getattr(model_args, option):
+            die(f"--{option} {getattr(model_args, option)}: {checkpoint} was trained with --{option} {saved[key]}; "
+                f"resume with the run's own (--{option} {saved[key]}), or start a new run in another --output_dir")  # fmt: skip
 
 
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    """The complete checkpoint with the highest step; a half-written one (Ctrl-C, crash, full disk) is skipped."""
-    found = [(int(p.name.split("-")[1]), p) for p in output_dir.glob("checkpoint-*") if p.name[11:].isdigit()]
-    return next((p for _, p in sorted(found, reverse=True) if complete_checkpoint(p)), None)
+def compare_adapters(model, checkpoint: Path) -> None:
+    """The built model's adapters against the checkpoint's: --lora_target_modules or --lora_modules_to_save that
+    differ from the run's stop here, in one line, not as a traceback in the optimizer's load or a resume that silently
+    leaves some adapters fresh."""
+    differences = run_folder.adapter_differences(model, checkpoint)
+    if differences:
+        die(f"--resume: {checkpoint}'s adapters are not the ones these options build ({differences}); resume with "
+            "the run's own --lora_target_modules and --lora_modules_to_save, or start a new run in another "
+            "--output_dir")  # fmt: skip
 
 
-def writable(path: Path) -> bool:
-    """True when `path` is, or can be created as, a writable directory; creates nothing."""
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+def check_archive_games(script_args) -> str | None:
+    """--archive_games N: re-scoring a strategy plays N games, within what the archive may save up (its own rule:
+    CARRY_STEPS steps' share of the mean step). Refused when no step is long enough for the cheapest re-scoring, and
+    a warning line (returned) when only slow steps are, instead of ranking nothing in silence."""
+    if not script_args.archive_size or not script_args.archive_games:
+        return None
+    from strategy_archive import CARRY_STEPS, CHILD_SECONDS
+
+    games, budget, workers = script_args.archive_games, script_args.archive_budget, len(os.sched_getaffinity(0))
+    cheapest = games * CHILD_SECONDS / workers  # every game lost at its first move
+    step = cheapest / (CARRY_STEPS * budget)
+    said = (f"--archive_games {games}: re-scoring one strategy takes at least {cheapest:,.1f} s ({games} games x "
+            f"{CHILD_SECONDS * 1000:.0f} ms on {workers} cores), and the archive saves up {CARRY_STEPS} steps x "
+            f"{budget:.0%} of a step: only steps of {step:,.1f} s or more leave it time")  # fmt: skip
+    if step > MAX_STEP_SECONDS:
+        die(f"{said}, so nothing would ever be ranked; lower --archive_games or raise --archive_budget")
+    if step > 1:
+        return f"{said}; on faster steps nothing is ranked (lower --archive_games or raise --archive_budget)"
+    return None
+
+
+def check_hub(training_args) -> None:
+    """--push_to_hub: the hub reached and the token accepted now, not after training."""
+    from huggingface_hub import HfApi
+
+    try:
+        user = HfApi().whoami()
+    except Exception as exc:  # offline mode, no token, a refused token, no network: all the user's to fix
+        die(f"--push_to_hub: the Hugging Face hub cannot say who this machine pushes as ({one_line(exc)}); log in "
+            "(hf auth login), reach the hub, or leave --push_to_hub out")  # fmt: skip
+    repo = training_args.hub_model_id or f"{user['name']}/{Path(training_args.output_dir).name}"
+    log.debug(f"--push_to_hub: as {user['name']}, to {repo}")
 
 
 def prepare_cuda() -> None:
@@ -386,11 +533,15 @@ def start_logging(output_dir: Path, state) -> None:
     Under accelerate launch every rank runs this file: what is written once per run (the directory, training.log,
     the tiny model, the final save) is written by the main process, and the others wait for it where they need it.
     """
+    logging.raiseExceptions = False  # a log line that cannot be written (a full disk) is dropped, not a traceback
     if state.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            logfile = logging.FileHandler(output_dir / "training.log")
+        except OSError as exc:
+            die(f"output_dir {output_dir}: {exc.strerror or exc}")
         console = logging.StreamHandler(sys.stdout)
         console.setLevel(logging.INFO)
-        logfile = logging.FileHandler(output_dir / "training.log")
         logfile.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.handlers = [console, logfile]
         log.setLevel(logging.DEBUG)  # DEBUG: training.log only
@@ -575,13 +726,48 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
 
 
 def run_grpo(trainer, ctrl_c, checkpoint: Path | None) -> bool:
-    """trainer.train() with Ctrl-C handled (a checkpoint at the end of the step); True when Ctrl-C stopped it."""
+    """trainer.train() with Ctrl-C handled (a checkpoint at the end of the step); True when Ctrl-C stopped it. A disk
+    that fills up (or any write that fails) stops the run with one line; the checkpoint it was writing is removed
+    and the last complete one is left as it was, for --resume auto."""
+    import trainer as grpo
+
     previous = signal.signal(signal.SIGINT, ctrl_c.on_sigint)
+    output_dir = Path(trainer.args.output_dir)
     try:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    except grpo.CheckpointError as exc:
+        import shutil
+
+        if trainer.is_world_process_zero() and run_folder.checkpoint_damage(exc.folder):
+            shutil.rmtree(exc.folder, ignore_errors=True)  # a half-written one, and the space it held
+        close_bars(trainer)
+        die(f"cannot write {exc.folder} ({one_line(exc.__cause__)}): {last_complete(output_dir)}")
+    except OSError as exc:  # writing metrics.jsonl, training.log, strategies/, TensorBoard's files
+        close_bars(trainer)
+        die(f"stopped at step {trainer.state.global_step} ({one_line(exc)}): {last_complete(output_dir)}")
     finally:
         signal.signal(signal.SIGINT, previous)
     return ctrl_c.requested
+
+
+def close_bars(trainer) -> None:
+    """The Trainer's progress bars closed now: left open, they redraw at exit, after our last line."""
+    for callback in trainer.callback_handler.callbacks:
+        for bar in (getattr(callback, "training_bar", None), getattr(callback, "prediction_bar", None)):
+            if bar is not None:
+                bar.close()
+
+
+def one_line(exc: BaseException | None, limit: int = 200) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
+
+
+def last_complete(output_dir: Path) -> str:
+    """Where a stopped run stands: its last complete checkpoint, and how to go on."""
+    last = run_folder.last_complete(output_dir)
+    if last is None:
+        return "no checkpoint was completed"
+    return f"the last complete checkpoint, {last.name}, is intact: --resume auto continues from it once there is room"
 
 
 def game_salt(settings, checkpoint: Path | None, state) -> str:
@@ -610,7 +796,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
         import unsloth  # noqa: F401  (it patches trl, transformers and peft, so it comes before them)
 
     script_args, settings, training_args, model_args = parse_args(argv)
-    checkpoint = check_before_loading(script_args, settings, training_args, model_args, backend)
+    checkpoint, notes = check_before_loading(script_args, settings, training_args, model_args, backend)
     output_dir = Path(training_args.output_dir)
     merge_source = check_merge_source(script_args, model_args, output_dir)
 
@@ -618,19 +804,23 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     from transformers import set_seed
 
     state = PartialState()  # set up by GRPOConfig: one process, or this rank of an accelerate launch
+    if script_args.overwrite_output_dir and state.is_main_process:
+        run_folder.clear_run(output_dir)  # every check has passed: the user asked for this run to replace the earlier one
     created = state.is_main_process and not output_dir.exists()
     start_logging(output_dir, state)
     log.info(f"train_2048: {model_args.model_name_or_path} on the {backend} backend, writing to {output_dir}")
+    for note in notes:
+        log.warning(note)
     if merge_source is not None:
         log.info(f"--save_method merged_16bit: merge_2048.py will merge the LoRA into {merge_source} after training")
     if state.num_processes > 1:
         log.info(f"{state.num_processes} processes ({state.distributed_type.value}), each scoring its own completions")
     if checkpoint is not None:
         log.info(f"resuming from {checkpoint}")
+        if state.is_main_process:
+            run_folder.drop_later_metrics(output_dir / "metrics.jsonl", checkpoint)
     elif (script_args.resume or training_args.resume_from_checkpoint) == "auto":
-        log.info("--resume auto: no complete checkpoint yet, starting at step 0")
-    elif latest_checkpoint(output_dir) is not None:
-        log.warning(f"{output_dir} has checkpoints of an earlier run; starting over (--resume auto continues it)")
+        log.info("--resume auto: no checkpoint yet, starting at step 0")
 
     set_seed(training_args.seed)
     if script_args.cpu_threads > 0:
@@ -642,12 +832,15 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     reasoning = (training_args.chat_template_kwargs or {}).get("reasoning_effort", "low")
     try:
         model, tokenizer = load_policy(script_args, training_args, model_args, backend, prompt, state, output_dir)
-    except OSError as exc:  # not on the hub, no network, not a model folder
+    except Exception as exc:  # not on the hub, no network, damaged or foreign files: all the user's to fix
+        log.debug("the model did not load", exc_info=True)  # the traceback, in training.log
         if created:
             import shutil
 
             shutil.rmtree(output_dir, ignore_errors=True)
-        die(f"cannot load model {model_args.model_name_or_path}: {' '.join(str(exc).split())[:300]}")
+        die(f"cannot load model {model_args.model_name_or_path}: {one_line(exc, 300)}")
+    if checkpoint is not None:
+        compare_adapters(model, checkpoint)
     check_budget(tokenizer, settings, script_args, training_args, model_args.model_name_or_path, backend, reasoning)
     if script_args.warm_start and checkpoint is None:
         warm_start(model, tokenizer, prompt, script_args, training_args, state, output_dir)
@@ -670,16 +863,28 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
         prompt_inputs=evaluation.prompt_inputs(tokenizer, settings, training_args.chat_template_kwargs or {}),
         merge_base=merge_source,
     )  # fmt: skip
-    log.info(f"done after {steps} steps. TensorBoard: tensorboard --logdir {output_dir}")
+    log.info(f"done after {steps} steps. TensorBoard: {tensorboard_command(output_dir)}")
     return 0 if ok else 1
+
+
+def tensorboard_command(output_dir: Path) -> str:
+    """The command that opens this run in TensorBoard from here: the one installed beside this Python (setup.sh's
+    .venv/bin/tensorboard, not on PATH until the venv is activated), else whatever PATH has."""
+    import shlex
+    import shutil
+
+    beside = Path(sys.executable).parent / "tensorboard"
+    if beside.is_file():
+        relative = os.path.relpath(beside)
+        program = relative if not relative.startswith("..") else str(beside)
+    else:
+        program = "tensorboard" if shutil.which("tensorboard") else f"{sys.executable} -m tensorboard.main"
+    return f"{shlex.quote(program)} --logdir {shlex.quote(str(output_dir))}"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    argv = [part for arg in argv for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
-    if "--config" not in argv:  # plain `python train_2048.py` is the GPT-OSS-20B run
-        argv = ["--config", str(DEFAULT_CONFIG), *argv]
-    backend, cuda = choose_backend(early_options(argv, read_config(argv)))
+    backend, cuda = choose_backend(early_options(argv))
     sandbox.start()  # a fresh interpreter (not a fork), started before CUDA is used: one per process
     world = int(os.environ.get("WORLD_SIZE", "1"))  # accelerate launch / torchrun: one process per rank
     try:

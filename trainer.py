@@ -128,6 +128,14 @@ class GameGRPOTrainer(GRPOTrainer):
         if self.archive is not None and output_dir and Path(output_dir).name == f"checkpoint-{self.state.global_step}":
             self.archive.save_state(Path(output_dir))
 
+    def _save_checkpoint(self, model, trial) -> None:
+        # transformers writes checkpoint-N in place, trainer_state.json last: a save cut short (a full disk, most
+        # often) leaves a folder that --resume auto skips. Which folder it was goes with the error, for its one line.
+        try:
+            super()._save_checkpoint(model, trial)
+        except Exception as exc:
+            raise CheckpointError(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}") from exc
+
     # --- step timings ---------------------------------------------------------------------------------------
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -169,6 +177,14 @@ class GameGRPOTrainer(GRPOTrainer):
             end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
             completions.append(row[:end])
         return completions, None
+
+
+class CheckpointError(Exception):
+    """A checkpoint that could not be written: its folder (the cause is the exception's __cause__)."""
+
+    def __init__(self, folder: Path):
+        super().__init__(str(folder))
+        self.folder = folder
 
 
 class StepTimes(TrainerCallback):

@@ -119,7 +119,7 @@ def load_for_training(folder: str, preset: str, options: list[str]):
 
     argv = ["--config", str(ROOT / "configs" / f"{preset}.yaml"), "--model_name_or_path", folder,
             "--output_dir", tempfile.mkdtemp(prefix="bench-generation-"), *options]  # fmt: skip
-    backend, cuda = train_2048.choose_backend(train_2048.early_options(argv, train_2048.read_config(argv)))
+    backend, cuda = train_2048.choose_backend(train_2048.early_options(argv))
     if backend == "unsloth":
         import unsloth  # noqa: F401  (before trl, as train_2048 imports it)
     from accelerate import PartialState

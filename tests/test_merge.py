@@ -15,6 +15,7 @@ import pytest
 import merge_2048
 import models
 import rewards
+import run_folder
 import train_2048
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +126,7 @@ def test_a_checkpoint_merges_beside_itself_where_no_resume_or_rotation_takes_it_
     assert output == checkpoint.resolve().with_name("checkpoint-7-merged_16bit") and base == str(tiny / "base")
     output.mkdir()
     (output / "trainer_state.json").write_text(json.dumps({"global_step": 7}))  # as if it were one
-    assert train_2048.latest_checkpoint(tmp_path) == checkpoint and not _re_checkpoint.search(output.name)
+    assert run_folder.last_complete(tmp_path) == checkpoint and not _re_checkpoint.search(output.name)
 
 
 # --- bad input: one line, exit 2, nothing written -----------------------------------------------------------------

@@ -1,7 +1,6 @@
 """train_2048's command line, presets, checkpoint picking, tiny model, and every setup error (exit 2, one line)."""
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 import evaluation
 import models
 import rewards
+import run_folder
 import train_2048
 import trainer
 
@@ -115,16 +115,30 @@ def test_cpu_demo_preset_runs_on_the_cpu_with_a_small_board():
     assert grpo.eval_strategy == "steps" and grpo.eval_steps == 20 and script.eval_samples == 8
 
 
-def test_early_options_read_flags_before_yaml_and_never_abbreviations():
-    config = {"backend": "unsloth", "use_cpu": False}
-    assert train_2048.early_options(["--backend", "transformers"], config).backend == "transformers"
-    assert train_2048.early_options(["--use-cpu"], config).use_cpu == "true"
-    assert train_2048.early_options(["--use_cpu=false"], config).use_cpu == "false"
-    assert train_2048.early_options([], config).backend == "unsloth"
-    # an abbreviation is no option for the early read, and the full parser refuses it: both read the same values
-    assert train_2048.early_options(["--back", "transformers"], config).backend == "unsloth"
+def test_early_options_read_flags_after_yaml_and_never_abbreviations(tmp_path):
+    preset = tmp_path / "preset.yaml"
+    preset.write_text("backend: unsloth\nuse_cpu: false\n")
+    early = lambda *argv: train_2048.early_options(["--config", str(preset), *argv])  # noqa: E731
+    assert early("--backend", "transformers").backend == "transformers"
+    assert early("--use-cpu").use_cpu == "true"
+    assert early("--use_cpu=false").use_cpu == "false"
+    assert early().backend == "unsloth" and early().use_cpu == "false"  # a YAML boolean, as its flag would say it
+    # an abbreviation is no option for the early read, and the full parse refuses it: both read the same values
+    assert early("--back", "transformers").backend == "unsloth"
     with pytest.raises(SystemExit):
         parse("--config", DEMO, "--back", "unsloth")
+
+
+def test_a_yaml_value_is_checked_as_its_flag_is(tmp_path):
+    """A preset's values become the words of their flags: a list for a list option, true/false, a mapping's JSON;
+    the flags after them win (tests/test_mistakes.py has the values refused)."""
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(Path(DEMO).read_text() + "\nreport_to: [tensorboard]\nlearning_rate: 5e-5\nmax_steps: 7\n"
+                      "chat_template_kwargs: {reasoning_effort: medium}\nlora_modules_to_save: null\n")  # fmt: skip
+    script, grpo, model, settings = parse("--config", str(preset), "--max_steps", "9")
+    assert grpo.report_to == ["tensorboard"] and grpo.learning_rate == 5e-5 and grpo.max_steps == 9
+    assert grpo.chat_template_kwargs == {"reasoning_effort": "medium"} and model.lora_modules_to_save is None
+    assert parse("--config", str(preset), "--report_to", "none")[1].report_to == []
 
 
 def test_unsloth_refuses_a_router_loss_before_loading(tmp_path, capsys):
@@ -139,7 +153,7 @@ def test_unsloth_refuses_a_router_loss_before_loading(tmp_path, capsys):
     for coef in ("0", None):  # 0, and the model's own (checked once the model is loaded)
         extra = ["--router_aux_loss_coef", coef] if coef else []
         script, grpo, model, settings = parse("--config", DEMO, "--output_dir", str(tmp_path), *extra)
-        assert train_2048.check_before_loading(script, settings, grpo, model, backend="unsloth") is None
+        assert train_2048.check_before_loading(script, settings, grpo, model, backend="unsloth") == (None, [])
 
 
 def test_training_without_the_seccomp_wall_stops_with_one_line(tmp_path, capsys):
@@ -154,32 +168,12 @@ def test_training_without_the_seccomp_wall_stops_with_one_line(tmp_path, capsys)
         line = capsys.readouterr().err.strip()
         assert exc.value.code == 2 and line.startswith("train_2048: the sandbox has no seccomp wall here")
         optout = parse("--config", DEMO, "--output_dir", str(tmp_path / "out"), "--require_seccomp", "false")
-        assert train_2048.check_before_loading(*optout[:1], optout[3], optout[1], optout[2], "transformers") is None
+        assert train_2048.check_before_loading(*optout[:1], optout[3], optout[1], optout[2], "transformers")[0] is None
     finally:
         sandbox.shutdown()
 
 
 # --- checkpoints, saving helpers -----------------------------------------------------------------------------
-
-
-def fake_checkpoint(root: Path, step: int, state: str | None) -> Path:
-    path = root / f"checkpoint-{step}"
-    path.mkdir()
-    (path / "adapter_model.safetensors").write_bytes(b"x")
-    if state is not None:
-        (path / "trainer_state.json").write_text(state)
-    return path
-
-
-def test_latest_checkpoint_skips_half_written_ones(tmp_path):
-    good = fake_checkpoint(tmp_path, 4, json.dumps({"global_step": 4}))
-    fake_checkpoint(tmp_path, 6, None)  # killed before trainer_state.json
-    fake_checkpoint(tmp_path, 8, '{"global_step": 8, "log_hist')  # killed while writing it
-    fake_checkpoint(tmp_path, 10, json.dumps({"global_step": 2}))  # not what its name says
-    fake_checkpoint(tmp_path, 2, json.dumps({"global_step": 2}))
-    (tmp_path / "checkpoint-12.tmp").mkdir()
-    assert train_2048.latest_checkpoint(tmp_path) == good
-    assert train_2048.latest_checkpoint(tmp_path / "nothing-here") is None
 
 
 def test_publish_replaces_a_folder_whole(tmp_path):
@@ -195,10 +189,11 @@ def test_publish_replaces_a_folder_whole(tmp_path):
 
 
 def test_writable_creates_nothing(tmp_path):
-    assert train_2048.writable(tmp_path / "a" / "b")
-    assert not (tmp_path / "a").exists()
+    assert run_folder.writable(tmp_path / "a" / "b")
+    assert not (tmp_path / "a").exists() and list(tmp_path.iterdir()) == []
     (tmp_path / "file").write_text("")
-    assert not train_2048.writable(tmp_path / "file" / "out")
+    assert not run_folder.writable(tmp_path / "file" / "out")
+    assert not run_folder.writable(Path("/proc/train_2048-out"))  # root passes /proc's permission check
 
 
 def test_short_line_shows_the_health_numbers():
@@ -373,63 +368,29 @@ def one_line_error(result, *words):
         assert word in last, last
 
 
-def usage_error(result, *words):
-    """argparse's two lines: the usage, then `train_2048.py: error: ...` last."""
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines[-2].startswith("usage: train_2048.py") and lines[-1].startswith("train_2048.py: error: "), lines
-    for word in words:
-        assert word in lines[-1], lines[-1]
-
-
-BAD_OPTIONS = [
-    (["--no_such_flag", "1"], ["--no_such_flag"]),
-    (["--max_steps", "many"], ["--max_steps", "many"]),
-    (["--save_method", "zip"], ["--save_method", "zip"]),
-    (["--profile", "easy"], ["--profile"]),
-    (["--games", "0"], ["games"]),
-    (["--eval_strategy", "sometimes"], ["eval_strategy", "sometimes"]),
-    (["--eval_samples", "0"], ["--eval_samples"]),
-    (["--eval_games", "0"], ["--eval_games"]),
-    (["--max-step", "3"], ["--max-step"]),  # never abbreviated
-]
-UNREADABLE_CONFIGS = [None, "a: [unclosed\n", "- just\n- a list\n"]
-
-
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory):
-    """Every command line of the tests below, started together, three at a time: each is a fresh process that spends
-    ~11 s of a 2-core machine importing torch, transformers and TRL before it can fail, so one after another they
-    took ~4 minutes of CI. A test waits for its own: `cli[name]` is (its output folder, which must stay absent; the
-    process's future)."""
+    """The command lines whose behaviour is the process's (what it prints and its exit status, with the environment
+    it imports its libraries in), started together: each is a fresh process that spends ~11 s of a 2-core machine
+    importing torch, transformers and TRL before it can fail. tests/test_mistakes.py runs the whole table of mistakes
+    in-process. A test waits for its own: `cli[name]` is (its output folder, which must stay absent; the process's
+    future)."""
     root = tmp_path_factory.mktemp("cli")
-    cases = {"help": (["--help"], None)}
-    for i, (args, _) in enumerate(BAD_OPTIONS):
-        cases[f"bad-option-{i}"] = (["--config", DEMO, *args], None)
-    config = root / "unknown-key.yaml"
-    config.write_text(Path(DEMO).read_text() + "\nmax_stepz: 3\n")
-    cases["unknown-key"] = (["--config", str(config)], None)
-    for i, content in enumerate(UNREADABLE_CONFIGS):
-        config = root / f"unreadable-{i}.yaml"
-        if content is not None:
-            config.write_text(content)
-        cases[f"unreadable-{i}"] = (["--config", str(config)], None)
-    cases["no-model"] = (["--config", DEMO, "--model_name_or_path", str(root / "no-model")], None)
-    fake_checkpoint(root, 3, None)
-    cases["not-a-checkpoint"] = (["--config", DEMO, "--resume", str(root / "checkpoint-3")], None)
-    cases["gpt-oss-on-cpu"] = ([], None)
-    cases["mxfp4"] = (["--config", DEMO, "--save_method", "mxfp4"], None)
-    offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "hf")}
-    cases["cannot-load"] = (["--config", DEMO, "--model_name_or_path", "nobody/no-such-model"], offline)
-    (root / "a-file").write_text("")
-    cases["unwritable"] = (["--config", DEMO, "--output_dir", str(root / "a-file" / "out")], None)
-
+    preset = root / "float-for-int.yaml"
+    preset.write_text(Path(DEMO).read_text() + "\nmax_steps: 2.5\n")
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "hf"), "HF_TOKEN": ""}
+    cases = {
+        "help": (["--help"], None),
+        "yaml-float-for-int": (["--config", str(preset)], None),
+        "gpt-oss-on-cpu": ([], None),
+        "cannot-load": (["--config", DEMO, "--model_name_or_path", "nobody/no-such-model"], offline),
+        "push-to-hub": (["--config", DEMO, "--push_to_hub", "true"], offline),
+    }
     with ThreadPoolExecutor(max_workers=3) as pool:
         started = {}
         for name, (args, env) in cases.items():
             out = root / name / "out"
-            if "--output_dir" not in args and name != "help":
+            if name != "help":
                 args = [*args, "--output_dir", str(out)]
             started[name] = (out, pool.submit(run, *args, env=env))
         yield started
@@ -445,46 +406,17 @@ def test_help_is_readable_and_lists_our_options(cli):
     assert result.returncode == 0
     for flag in ("--resume", "--save_method", "--warm_start", "--size", "--max_steps", "--lora_r", "--config"):
         assert flag in result.stdout
+    for flag in ("--overwrite_output_dir", "--config FILE.yaml"):
+        assert flag in result.stdout
     assert "train_2048:" in result.stdout and "game and rewards:" in result.stdout
     for flag in ("--eval_strategy", "--eval_steps", "--eval_samples", "--eval_games", "--fast_generation"):
         assert flag in result.stdout
     assert "eval/win_rate" in " ".join(result.stdout.split())
 
 
-@pytest.mark.parametrize("case", range(len(BAD_OPTIONS)), ids=[" ".join(args) for args, _ in BAD_OPTIONS])
-def test_bad_options_are_usage_errors(cli, case):
-    out, result = finished(cli, f"bad-option-{case}")
-    usage_error(result, *BAD_OPTIONS[case][1])
-    assert not out.exists()
-
-
-def test_unknown_yaml_key_is_a_usage_error(cli):
-    out, result = finished(cli, "unknown-key")
-    usage_error(result, "max_stepz")
-    assert not out.exists()
-
-
-@pytest.mark.parametrize("case", range(len(UNREADABLE_CONFIGS)), ids=["missing", "bad-yaml", "a-list"])
-def test_unreadable_config(cli, case):
-    out, result = finished(cli, f"unreadable-{case}")
-    one_line_error(result, str(out.parents[1] / f"unreadable-{case}.yaml"))
-    assert not out.exists()
-
-
-def test_unwritable_output_dir(cli):
-    _, result = finished(cli, "unwritable")
-    one_line_error(result, "output_dir", "writable")
-
-
-def test_missing_model_path(cli):
-    out, result = finished(cli, "no-model")
-    one_line_error(result, "no-model", "does not exist")
-    assert not out.exists()
-
-
-def test_resume_from_something_that_is_not_a_checkpoint(cli):
-    out, result = finished(cli, "not-a-checkpoint")
-    one_line_error(result, "checkpoint-3", "not a complete checkpoint")
+def test_a_yaml_value_of_the_wrong_type_is_one_line_before_anything_loads(cli):
+    out, result = finished(cli, "yaml-float-for-int")
+    one_line_error(result, "float-for-int.yaml: max_steps: invalid int value: '2.5'")
     assert not out.exists()
 
 
@@ -494,17 +426,18 @@ def test_gpt_oss_without_a_gpu_points_at_the_cpu_demo(cli):
     assert not out.exists()
 
 
-def test_mxfp4_without_a_gpu_fails_at_startup(cli):
-    out, result = finished(cli, "mxfp4")
-    one_line_error(result, "mxfp4")
-    assert not out.exists()
-
-
 def test_model_that_cannot_be_loaded(cli):
     out, result = finished(cli, "cannot-load")
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("[transformers]")]
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert lines[-1].startswith("train_2048: cannot load model nobody/no-such-model"), result.stderr
+    assert not out.exists()
+
+
+def test_push_to_hub_is_asked_of_the_hub_at_start(cli):
+    """Not logged in, or offline: said at start, not after training when the Trainer pushes."""
+    out, result = finished(cli, "push-to-hub")
+    one_line_error(result, "--push_to_hub", "hf auth login")
     assert not out.exists()
 
 

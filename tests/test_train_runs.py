@@ -3,6 +3,8 @@ strategy archive, learning."""
 
 import json
 import os
+import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +90,9 @@ def test_console_and_log_have_a_short_line_per_step(full_run):
     log = (out / "training.log").read_text()
     assert "step 4/4  reward " in log and "warm start: SFT" in log
     assert "{'loss'" not in result.stdout  # the Trainer's metric dump is replaced by the short line
+    last = result.stdout.strip().splitlines()[-1]  # names a TensorBoard that runs from here: the venv's own
+    program = last.split("TensorBoard: ", 1)[1].split(" --logdir ")[0]
+    assert last.startswith("done after 4 steps.") and os.access(REPO / program, os.X_OK), last
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
     for m in metrics(out):  # the step split: generation, rewards, optimizer, archive, the rest (log-probs, backward)
         parts = [m[f"time/{p}_s"] for p in ("generate", "rewards", "optimizer", "archive", "logprobs_and_backward")]
@@ -240,6 +245,70 @@ def test_kill_9_then_resume_continues_the_archive(full_run, tmp_path):
     assert ours == theirs and ours[0] == 4 * 8 and sum(e["times"] for e in ours[1].values()) > 0
     assert f"resuming from {out / 'checkpoint-2'}" in result.stdout and "strategy archive: continuing" in result.stdout
     assert json.loads((out / "strategies" / "index.json").read_text())["step"] == 4
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def test_resuming_with_other_adapters_is_one_line(full_run, tmp_path, capsys):
+    """--resume auto with --lora_target_modules the run did not train: the adapters built for these options are
+    compared with the checkpoint's, tensor by tensor, before the Trainer loads it (which raised from the optimizer's
+    load, or left the adapters it did not find fresh)."""
+    import train_2048
+
+    reference, _ = full_run
+    out = tmp_path / "out"
+    shutil.copytree(reference, out, symlinks=True)
+    before = {name: snapshot(out / name) for name in ("checkpoint-2", "checkpoint-4", "final")}
+    argv = [*SHORT, "--output_dir", str(out), "--resume", "auto", "--lora_target_modules", "q_proj", "v_proj"]
+    with pytest.raises(SystemExit) as stop:
+        train_2048.main(argv)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert stop.value.code == 2 and err[-1].startswith(f"train_2048: --resume: {out / 'checkpoint-4'}'s adapters")
+    assert "saved, not in these adapters" in err[-1] and "Traceback" not in "".join(err)
+    assert {name: snapshot(out / name) for name in before} == before
+
+
+@pytest.mark.slow
+def test_a_run_over_a_finished_one_then_a_full_disk_then_resume(full_run, tmp_path):
+    """A finished run's folder, started over with --overwrite_output_dir: nothing of the earlier run is left to mix
+    with the new one. Then the disk fills up while checkpoint-4 is written (a file-size limit, set from outside once
+    step 3 has begun, makes the same writes fail): one line, exit status 2, the half-written checkpoint removed and
+    checkpoint-2 whole, from which --resume auto finishes the run (a damaged newer checkpoint skipped and named), its
+    metrics one run's steps in order."""
+    reference, _ = full_run
+    out = tmp_path / "out"
+    shutil.copytree(reference, out, symlinks=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train_2048.py"), *SHORT, *SALT, "--warm_start", "false", "--output_dir", str(out),
+         "--overwrite_output_dir", "true"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+    )  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("step 3/4"):  # checkpoint-2 is written
+            resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (200_000, 200_000))  # the adapters are ~900 kB
+            break
+    stdout, stderr = proc.communicate(timeout=300)
+    last = [line for line in stderr.splitlines() if line.strip()][-1]
+    assert proc.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert last.startswith(f"train_2048: cannot write {out / 'checkpoint-4'} (") and "checkpoint-2, is intact" in last
+    names = {p.name for p in out.iterdir()}
+    assert "checkpoint-2" in names and not names & {"checkpoint-4", "final", "final-merged_16bit"}, names
+    assert "final-merged_16bit" not in (out / "training.log").read_text()  # the earlier run's log went with it
+    assert metrics(out, "eval_valid_rate") == []  # the earlier run evaluated; this one does not
+
+    # A newer checkpoint that cannot be loaded, beside it (a copy whose optimizer state is cut short): skipped, named.
+    shutil.copytree(out / "checkpoint-2", out / "checkpoint-4")
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    (out / "checkpoint-4" / "trainer_state.json").write_text(json.dumps({**state, "global_step": 4}))
+    optimizer = out / "checkpoint-4" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:1000])
+    result = train(*SHORT, "--warm_start", "false", "--output_dir", str(out), "--resume", "auto")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "checkpoint-4 is skipped: optimizer.pt is damaged" in result.stdout
+    assert f"resuming from {out / 'checkpoint-2'}" in result.stdout
+    assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4] and (out / "final").is_dir()
 
 
 def test_warnings_for_no_learning_signal_and_clipped_completions(tmp_path):

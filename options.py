@@ -1,0 +1,161 @@
+"""The options of train_2048.py and evaluate_2048.py: the command line and a YAML preset read as one.
+
+argparse converts and checks strings only, and a preset's values handed to it as defaults (TRL's way) skip every
+check: a list, a float or `null` for an integer went through and failed an hour later. Here each key of the file
+becomes the words of its flag (a list the option's repeated values, true/false, a mapping its JSON, null the option's
+default), so a value in a file gets exactly the checks a flag gets, and the command line's flags, read after the
+file's words, win. Every mistake is an OptionError: one line that names the option, the value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import typing
+from pathlib import Path
+
+
+class OptionError(Exception):
+    """A mistake in the options, in one line (the command prints it after its name and exits with status 2)."""
+
+
+def split_config(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(the --config file, the other words): `--config FILE` or `--config=FILE`, at most once."""
+    path, rest, words = None, [], iter(argv)
+    for word in words:
+        if word != "--config" and not word.startswith("--config="):
+            rest.append(word)
+            continue
+        if path is not None:
+            raise OptionError("--config is given twice: one preset per run (flags after it change what it sets)")
+        path = word.split("=", 1)[1] if "=" in word else next(words, None)
+        if not path or path.startswith("--"):
+            raise OptionError("--config needs a YAML file")
+    return path, rest
+
+
+def read_config(path: str) -> dict:
+    """The preset as a mapping of option: value."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise OptionError(f"cannot read config {path}: {' '.join(str(exc).split())}") from None
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise OptionError(f"config {path} must be a YAML mapping of option: value")
+    return config
+
+
+def long_flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Each option by its name (`--name`, the spelling a YAML key takes), the --no_name switches left out."""
+    return {a.dest: a for a in parser._actions if f"--{a.dest}" in a.option_strings}
+
+
+def field_types(parser) -> dict[str, str]:
+    """The declared type of each dataclass field behind the parser's options, as text (HfArgumentParser's)."""
+    types = {}
+    for cls in getattr(parser, "dataclass_types", []):
+        hints = typing.get_type_hints(cls)
+        types.update({f.name: str(hints[f.name]) for f in dataclasses.fields(cls)})
+    return types
+
+
+def config_words(config: dict, parser, source: str, names: dict | None = None) -> dict[str, list[str]]:
+    """Each key of `config` that names an option of `parser` (`names`: keys that name another option), with the words
+    of its flag. A key of no option is left out (the caller says whether that is a mistake); a value no flag can say
+    is an OptionError naming the key."""
+    flags, types = long_flags(parser), field_types(parser)
+    words = {}
+    for key, value in config.items():
+        name = (names or {}).get(key, str(key).replace("-", "_"))
+        action = flags.get(name)
+        if action is None:
+            continue
+        where = f"{source}: {key}"
+        if value is None or value == [] or value == {}:
+            if action.default not in (None, [], {}):
+                raise OptionError(f"{where}: no value given (remove the key for the default, {action.default!r})")
+            continue  # the option's default
+        many = action.nargs in ("+", "*")
+        if isinstance(value, dict):
+            if "dict" not in types.get(name, ""):
+                raise OptionError(f"{where}: a mapping, but --{name} takes {accepted(action)}")
+            words[key] = [f"--{name}={json.dumps(value)}"]
+        elif isinstance(value, list) and many:
+            words[key] = [f"--{name}", *(scalar(v, where) for v in value)]
+        elif isinstance(value, list) and "list" in types.get(name, ""):  # report_to: one word, split after parsing
+            words[key] = [f"--{name}={','.join(scalar(v, where) for v in value)}"]
+        elif isinstance(value, list):
+            raise OptionError(f"{where}: a list, but --{name} takes one value: {accepted(action)}")
+        else:
+            words[key] = [f"--{name}", scalar(value, where)] if many else [f"--{name}={scalar(value, where)}"]
+    return words
+
+
+def scalar(value, where: str) -> str:
+    """One value as a flag's word (a YAML boolean as true/false)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None or isinstance(value, list | dict):
+        raise OptionError(f"{where}: {json.dumps(value)} inside a list (a list holds plain values)")
+    return str(value)
+
+
+def accepted(action: argparse.Action) -> str:
+    """What an option takes, in words."""
+    if action.choices:
+        return "one of " + ", ".join(map(str, action.choices))
+    kind = getattr(action.type, "__name__", "")
+    return {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}.get(kind, "a string")
+
+
+def parse(parser, config: dict, argv: list[str], source: str, names: dict | None = None):
+    """(the options, the names of those the file or the command line set): the file's words first, then argv's.
+    Keys of the file that name no option of `parser` are ignored here; `names` as config_words takes it."""
+    per_key = config_words(config, parser, source, names)
+    for key, words in per_key.items():  # one at a time, so that a mistake names the file and its key
+        try:
+            parser.parse_known_args(words)
+        except argparse.ArgumentError as exc:
+            raise OptionError(f"{source}: {key}: {exc.message}") from None
+    words = [w for ws in per_key.values() for w in ws] + list(argv)
+    try:
+        namespace, rest = parser.parse_known_args(words)
+    except argparse.ArgumentError as exc:
+        raise OptionError(f"{(exc.argument_name or '').split('/')[0]}: {exc.message}") from None
+    if rest:
+        raise OptionError(unknown(parser, rest[0]))
+    given = set()
+    for word in words:
+        action = parser._option_string_actions.get(word.split("=", 1)[0]) if word.startswith("--") else None
+        if action is not None:
+            given.add(action.dest)
+    for name, text in field_types(parser).items():  # `--report_to a,b`: a list option that argparse takes as one word
+        value = getattr(namespace, name, None)
+        if "list" in text and isinstance(value, str) and "," in value:
+            setattr(namespace, name, [part.strip() for part in value.split(",") if part.strip()])
+    return namespace, given
+
+
+def unknown(parser, word: str) -> str:
+    """The line for a word no option takes: the closest option's name when there is one."""
+    if not word.startswith("-"):
+        return f"unexpected value {word!r}: each option takes one value (a list option takes several)"
+    name = word.split("=", 1)[0]
+    close = difflib.get_close_matches(name, list(parser._option_string_actions), n=1, cutoff=0.75)
+    hint = f"did you mean {parser._option_string_actions[close[0]].option_strings[0]}? " if close else ""
+    return f"unknown option {name} ({hint}--help lists every option)"
+
+
+def build(parser, namespace: argparse.Namespace) -> tuple:
+    """The parser's dataclasses from the options; a value or combination one of them refuses raises ValueError."""
+    values = vars(namespace)
+    return tuple(
+        cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.init and f.name in values})
+        for cls in parser.dataclass_types
+    )
