@@ -1,6 +1,7 @@
 # The README's commands, each setting up .venv on first use (bash setup.sh: the GPU set
 # where an NVIDIA GPU is visible, else the CPU set; again whenever setup.sh or a requirements file changes).
 #   make demo    # the CPU demo: a tiny local model learns to prefer board-reading strategies, in minutes
+#                # (again: make demo ARGS="--overwrite_output_dir true", or ARGS="--resume auto")
 #   make test    # ruff, then every test (slow ones included), then the Unsloth tier in a process of its own
 #   make gpu-check  # on a GPU machine: whether the default path works and how fast (docs/GPU_CHECK.md), ~6 min on an H100
 VENV := .venv
@@ -13,7 +14,7 @@ $(STAMP): setup.sh requirements.txt requirements-cpu.txt
 	touch $@
 
 demo: $(STAMP)
-	$(VENV)/bin/python train_2048.py --config configs/cpu-demo.yaml
+	$(VENV)/bin/python train_2048.py --config configs/cpu-demo.yaml $(ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -19,6 +19,7 @@ The work is done by evaluation.py; this file reads the options and reports.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 import sys
@@ -80,7 +81,13 @@ class EvalArguments:
     batch_size: int = field(default=8, metadata={"help": "samples generated at once"})
     reasoning_effort: str = field(default="low", metadata={"help": "chat template argument (gpt-oss)"})
     seed: int = field(default=0, metadata={"help": "first game seed (games use seed..seed+games-1); the sampling seed"})
-    output_dir: str = field(default="outputs/eval", metadata={"help": "where results.json and max_tiles.png go"})
+    output_dir: str | None = field(
+        default=None,
+        metadata={"help": "where results.json and max_tiles.png go (default: a new folder outputs/eval/<date>-<time>)"},
+    )
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "replace the results an earlier evaluation left in --output_dir"}
+    )
 
 
 # What --config takes from a training preset: the game the model learned to play and how it answered (its token budget,
@@ -437,6 +444,27 @@ def result_line(name: str, status: str, moves: int, score: int, max_tile: int, e
     )
 
 
+def results_folder(args: EvalArguments) -> Path:
+    """The folder this evaluation writes, made now: a new one under outputs/eval by default, so that no evaluation
+    replaces another's results; a given --output_dir that holds results is refused unless --overwrite_output_dir."""
+    if args.output_dir is None:
+        output_dir = first = Path("outputs/eval") / time.strftime("%Y%m%d-%H%M%S")
+        for n in itertools.count(2):
+            if not output_dir.exists():
+                break
+            output_dir = first.with_name(f"{first.name}-{n}")
+    else:
+        output_dir = Path(args.output_dir)
+        if (output_dir / "results.json").exists() and not args.overwrite_output_dir:
+            die(f"--output_dir {output_dir} holds an earlier evaluation's results.json: give another --output_dir, or "
+                "--overwrite_output_dir true to replace it")  # fmt: skip
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        die(f"--output_dir {output_dir}: {exc.strerror or exc}")
+    return output_dir
+
+
 # --- main ---------------------------------------------------------------------------------------------------
 
 
@@ -460,11 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.watch is not None:
             return watch(args, settings, console, progress)
-        output_dir = Path(args.output_dir)
-        try:
-            output_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            die(f"--output_dir {output_dir}: {exc.strerror or exc}")
+        output_dir = results_folder(args)
         files = [file_source(path) for path in args.strategy]  # checked before a model takes minutes to load
         seeds = [args.seed + i for i in range(settings.games)]
         with progress:

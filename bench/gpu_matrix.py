@@ -72,7 +72,7 @@ COMPILE_24_S = 90  # the fast path's first decode: torch.compile and CUDA graphs
 TRAINER_S = 10  # LoRA, the trainer, the sandbox: the rest of a run's start
 SAVE_CHECK_S = 15  # the LoRA save and its check at the end of a run
 INSTALL_S = 30  # the carried wheels installed, and the GPU set's import check
-# Call 1's tiny runs, guessed from the H100's tiny run (~150 s with a merged save and its fresh-process check, ~40 s of
+# Call 1's tiny runs, guessed from the H100's tiny run (~150 s with a merged save and its check in a process of its own, ~40 s of
 # them): the default's (a build quantized, a run's start, 2 steps, the adapters' save checked) and BF16's (no
 # quantizing; the merged save and its check in a fresh process).
 TINY_RUN_S = 115
@@ -295,8 +295,8 @@ def call_1(p: Places) -> list[Item]:
         tiny_run(p, "1.1", "default", "gpt-oss-20b", "lora", 256, TINY_RUN_S, "the default on a tiny model in its own "
                  "layout: Unsloth's loader and get_peft_model, 2 GRPO steps with fast generation, the adapters' save "
                  "and its check", ready, folder="tiny"),
-        tiny_run(p, "1.11", "merged", "gpt-oss-20b-bf16", "merged_16bit", 64, MERGED_RUN_S, "merged_16bit through "
-                 "Unsloth on the tiny model in BF16: the save and its fresh-process check", ready, folder="tiny-bf16"),
+        tiny_run(p, "1.11", "merged", "gpt-oss-20b-bf16", "merged_16bit", 64, MERGED_RUN_S, "merged_16bit after a "
+                 "BF16 run on the tiny model: merge_2048.py into its 16-bit base, judged weight by weight", ready, folder="tiny-bf16"),
         refusal(p, "1.2", [*demo, "--save_method", "mxfp4"], "mxfp4" if p.cpu else "llm-compressor",
                 "--save_method mxfp4 refused at startup: one line, exit status 2", ready[:1]),
         *([] if p.cpu else [refusal(p, "1.12", ["--model_name_or_path", split_tiny, "--save_method", "merged_16bit"],
@@ -361,7 +361,7 @@ def call_4(p: Places) -> list[Item]:
               {"TRAIN2048_UNSLOTH_TIER": "1"}),
         *(tiny_run(p, id_, "check", preset, method, 256, 120, f"tiny, {what}", ready, extra=extra)
           for id_, preset, method, extra, what in saves),
-        Item("4.9", "2 layers of the 20B geometry in BF16, save merged_16bit through Unsloth: its fresh-process check "
+        Item("4.9", "2 layers of the 20B geometry in BF16, save merged_16bit (merge_2048.py): its check "
              "at the real widths (the default's local 4-bit checkpoint is refused: 1.12)", big_merge, "check", 200,
              needs=ready, json=p.items_file("4.9"), run_dir=str(p.work / "run-4.9" / "run")),
         suite("4.10", "evaluate_2048.py --adapter on 4.5's adapter (a LoRA per split expert) in a fresh process",

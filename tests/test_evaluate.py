@@ -300,7 +300,7 @@ def test_config_gives_the_trained_game_and_nothing_of_the_training_run(tmp_path,
     demo = str(REPO / "configs" / "cpu-demo.yaml")
     args, settings = evaluate_2048.parse_args(["--config", demo])
     assert (settings.size, settings.target, args.max_new_tokens, args.reasoning_effort) == (3, 128, 96, "low")
-    assert args.output_dir == "outputs/eval" and settings.games == 50 and settings.game_time_limit == 60.0
+    assert args.output_dir is None and settings.games == 50 and settings.game_time_limit == 60.0
     preset = tmp_path / "preset.yaml"
     preset.write_text("size: 4\nkeys: ZQSD\nchat_template_kwargs: {reasoning_effort: high}\ngames: 2\nseed: 7\n")
     args, settings = evaluate_2048.parse_args(["--config", str(preset), "--games", "3"])
@@ -310,3 +310,26 @@ def test_config_gives_the_trained_game_and_nothing_of_the_training_run(tmp_path,
     assert stop.value.code == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert "--config FILE.yaml" in shown and "max_completion_length (as --max_new_tokens)" in shown
+
+
+def test_no_evaluation_replaces_another(tmp_path, monkeypatch, capsys):
+    """By default each evaluation writes a new folder under outputs/eval; a given --output_dir that holds an earlier
+    evaluation's results is refused, in one line, unless --overwrite_output_dir."""
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "mine.py"
+    mine.write_text(GOOD)
+    quick = ["--strategy", str(mine), "--no-baselines", "--games", "1", *BOARD]
+    assert evaluate_2048.main(quick) == 0 and evaluate_2048.main(quick) == 0
+    folders = sorted((tmp_path / "outputs" / "eval").iterdir())
+    assert len(folders) == 2 and all((folder / "results.json").is_file() for folder in folders)
+    given = tmp_path / "given"
+    assert evaluate_2048.main([*quick, "--output_dir", str(given)]) == 0
+    first = (given / "results.json").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        evaluate_2048.main([*quick, "--output_dir", str(given), "--seed", "5"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "--overwrite_output_dir true" in err
+    assert (given / "results.json").read_text() == first
+    assert evaluate_2048.main([*quick, "--output_dir", str(given), "--seed", "5", "--overwrite_output_dir", "true"]) == 0
+    assert (given / "results.json").read_text() != first

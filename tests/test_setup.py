@@ -502,7 +502,7 @@ def test_dockerfile_pins_the_images_torch_stack(tmp_path):
     assert (tmp_path / "pins.txt").read_text().split() == ["torch==2.10.0a0+nv25.11", "triton==3.5.0"]
 
 
-def make_dry_run(tmp_path: Path, target: str, stamped: bool) -> list[str]:
+def make_dry_run(tmp_path: Path, target: str, stamped: bool, *variables: str) -> list[str]:
     """The commands `make -n TARGET` would run in a copy of the project's Makefile and set-up files."""
     for name in ("Makefile", "setup.sh", "requirements.txt", "requirements-cpu.txt"):
         shutil.copy(ROOT / name, tmp_path / name)
@@ -510,7 +510,7 @@ def make_dry_run(tmp_path: Path, target: str, stamped: bool) -> list[str]:
         (tmp_path / ".venv").mkdir()
         (tmp_path / ".venv" / ".setup-done").touch()
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # under `make test`
-    result = subprocess.run(["make", "--no-print-directory", "-n", target], cwd=tmp_path, capture_output=True,
+    result = subprocess.run(["make", "--no-print-directory", "-n", target, *variables], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
@@ -523,6 +523,12 @@ def test_make_sets_up_on_first_use_then_runs(tmp_path, target, command):
     first = make_dry_run(tmp_path, target, stamped=False)
     assert first[0] == "bash setup.sh" and command in first[-1]
     assert make_dry_run(tmp_path, target, stamped=True)[0] != "bash setup.sh"  # set up: straight to the command
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+def test_make_demo_passes_args_to_the_run(tmp_path):
+    """A second `make demo` is refused (it would overwrite the first); the refusal's ways on are options of the run."""
+    assert make_dry_run(tmp_path, "demo", True, "ARGS=--resume auto")[-1].endswith("cpu-demo.yaml --resume auto")
 
 
 def test_ci_runs_make_test():
