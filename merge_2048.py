@@ -2,7 +2,7 @@
 
     python merge_2048.py --adapter outputs/final            # into outputs/final-merged_16bit
     python merge_2048.py --adapter outputs/checkpoint-300   # any checkpoint a run saved
-    python merge_2048.py --adapter outputs/final --base unsloth/gpt-oss-20b-BF16 --output_dir merged --overwrite
+    python merge_2048.py --adapter outputs/final --base unsloth/gpt-oss-20b-BF16 --output_dir merged
 
 `train_2048.py --save_method merged_16bit` runs this on final/ after training; run it yourself to merge again without
 training (after a merge that failed, or from a checkpoint). The base is the 16-bit checkpoint of the model the adapters
@@ -10,7 +10,7 @@ were trained on (adapter_config.json names it; --base names another): the defaul
 MXFP4 original, merge into the BF16 copy of the same weights, unsloth/gpt-oss-20b-BF16 (models.SIXTEEN_BIT_ORIGINAL).
 transformers loads it with its own classes (on the GPU when there is one), PEFT merges, and the merged model goes to a
 temporary folder, published whole only when the merge is right; an existing output folder is replaced only with
---overwrite.
+--overwrite_output_dir.
 
 The merge is judged by models.merge_adapters: every merged weight against the base weight plus the adapters' product
 computed from the adapter's own files, rounded as a 16-bit merge must round; the merged model, reloaded with
@@ -50,7 +50,9 @@ class MergeArguments:
     output_dir: str | None = field(
         default=None, metadata={"help": "Where the merged model goes. Default: <adapter>-merged_16bit beside it."}
     )
-    overwrite: bool = field(default=False, metadata={"help": "Replace output_dir when it exists (never otherwise)."})
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Replace output_dir when it exists (never otherwise)."}
+    )
     log_file: str | None = field(
         default=None, metadata={"help": "Also append the log to this file (train_2048.py passes its training.log)."}
     )
@@ -99,8 +101,9 @@ def check_inputs(args: MergeArguments) -> tuple[Path, str, Path]:
     for kept, what in ((adapter, "the adapter"), (Path(base).expanduser(), "the base")):
         if kept.exists() and (output.resolve() == kept.resolve() or output.resolve() in kept.resolve().parents):
             die(f"--output_dir {output} holds {what} ({kept}): the merge goes elsewhere")
-    if output.exists() and not args.overwrite:
-        die(f"--output_dir {output} exists (an earlier merge?): --overwrite replaces it, or name another --output_dir")
+    if output.exists() and not args.overwrite_output_dir:
+        die(f"--output_dir {output} exists (an earlier merge?): --overwrite_output_dir replaces it, or name another "
+            "--output_dir")
     if args.log_file:
         try:
             Path(args.log_file).open("a").close()

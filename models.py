@@ -471,7 +471,8 @@ def merge_in_fresh_process(adapter: Path, base: str, folder: Path) -> bool:
     for handler in logger.handlers:
         handler.flush()
     command = [sys.executable, str(Path(__file__).with_name("merge_2048.py")), "--adapter", str(adapter), "--base",
-               str(base), "--output_dir", str(folder), "--overwrite", *(["--log_file", logfile] if logfile else [])]  # fmt: skip
+               str(base), "--output_dir", str(folder), "--overwrite_output_dir"]  # fmt: skip
+    command += ["--log_file", logfile] if logfile else []
     result = subprocess.run(command, stderr=subprocess.PIPE, text=True)
     if result.returncode == 0 or (result.returncode == 1 and "Traceback" not in result.stderr):
         return result.returncode == 0  # its own line said how the merge went

@@ -81,7 +81,7 @@ def one_line_error(capsys, stop, *words):
 def test_a_real_size_merge_is_correct_says_what_16_bits_keep_and_is_never_overwritten_unasked(tiny, capsys):
     """0.2% of a weight: a correct merge (exit 0) whose 16-bit weights keep part of the adapters' change, said in one
     line and in merge_report.json with the advice to serve the adapters. The same command again refuses to replace
-    it; with --overwrite it merges again, the same bytes."""
+    it; with --overwrite_output_dir it merges again, the same bytes."""
     out = tiny / "final-merged_16bit"
     assert merge("--adapter", tiny / "final") == 0  # the default output folder: beside the adapter
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("verified ")]
@@ -95,9 +95,9 @@ def test_a_real_size_merge_is_correct_says_what_16_bits_keep_and_is_never_overwr
     first = (out / "model.safetensors").read_bytes()
     with pytest.raises(SystemExit) as stop:
         merge("--adapter", tiny / "final")
-    one_line_error(capsys, stop, str(out), "exists", "--overwrite")
+    one_line_error(capsys, stop, str(out), "exists", "--overwrite_output_dir")
     assert (out / "model.safetensors").read_bytes() == first
-    assert merge("--adapter", tiny / "final", "--overwrite") == 0
+    assert merge("--adapter", tiny / "final", "--overwrite_output_dir") == 0
     assert (out / "model.safetensors").read_bytes() == first
 
 
@@ -209,7 +209,7 @@ def test_help_lists_the_options(capsys):
     with pytest.raises(SystemExit) as stop:
         merge("--help")
     said = capsys.readouterr().out
-    assert stop.value.code == 0 and all(f"--{o}" in said for o in ("adapter", "base", "output_dir", "overwrite"))
+    assert stop.value.code == 0 and all(f"--{o}" in said for o in ("adapter", "base", "output_dir", "overwrite_output_dir"))
     assert "Exit status: 0 a correct merge" in said
 
 
