@@ -54,3 +54,16 @@ def sft_rows(prompt: str) -> list[dict]:
 def corpus(prompt: str) -> list[str]:
     """What the demo's tokenizer is trained on: the prompt and every answer as many times as its copies."""
     return [prompt] + [text for _kind, copies, text in EXAMPLES for _ in range(copies)]
+
+
+def answer_kind(text: str) -> str:
+    """Which of the example answers a completion is a version of (a trained policy may trim a line or two): corner,
+    cycle, random (either random.choice) or other. The learning test and the benches judge a trained demo by it."""
+    import rewards
+
+    code = rewards.extract_function(text) or ""
+    if "moves(b)" in code:
+        return "corner"  # reads the board: the first move that changes it, in the order A, S, D, W
+    if "strategy.n" in code:
+        return "cycle"  # never reads the board
+    return "random" if "random" in code else "other"

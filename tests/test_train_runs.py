@@ -280,18 +280,6 @@ def test_warnings_for_no_learning_signal_and_clipped_completions(tmp_path):
     assert "every completion hit max_completion_length" in log and "this step taught nothing" in log
 
 
-def answer_kind(text: str) -> str:
-    """Which of the demo's example answers a completion is a version of (the policy may trim a line or two)."""
-    import rewards
-
-    code = rewards.extract_function(text) or ""
-    if "moves(b)" in code:
-        return "corner"  # reads the board: the first move that changes it, in the order A, S, D, W
-    if "strategy.n" in code:
-        return "cycle"  # never reads the board
-    return "random" if "random" in code else "other"
-
-
 @pytest.mark.slow
 def test_cpu_demo_learns_to_read_the_board(tmp_path):
     """The shipped demo, its games fixed (a run draws a secret salt, and one run of eleven here fell short of this test's bar): the mean
@@ -299,6 +287,7 @@ def test_cpu_demo_learns_to_read_the_board(tmp_path):
     board-reading answer, not the key cycle. A CPU run with fixed games and seed is deterministic."""
     import collections
 
+    import demo_data
     import evaluation
     import models
     import rewards
@@ -315,7 +304,7 @@ def test_cpu_demo_learns_to_read_the_board(tmp_path):
         model, tokenizer, rewards.RewardSettings(size=3, target=128), samples=32, seed=1, temperature=1.0,
         max_new_tokens=96, batch_size=16, chat_kwargs={},
     )  # fmt: skip
-    kinds = collections.Counter(answer_kind(t) for t in texts)
+    kinds = collections.Counter(demo_data.answer_kind(t) for t in texts)
     print(f"cpu demo: first 10 steps {first:.2f}, last 10 steps {last:.2f}; final answers {dict(kinds)}")
     assert last >= first + 4.0, (first, last)
     assert kinds["corner"] >= 16 and kinds["corner"] > 4 * kinds["cycle"], kinds
@@ -326,7 +315,7 @@ def test_cpu_demo_learns_to_read_the_board(tmp_path):
     best = index["strategies"][0]
     code = (out / "strategies" / "best.py").read_text()
     print(f"cpu demo archive: {index['distinct']} distinct, best {best}")
-    assert answer_kind(f"```python\n{code}```") == "corner", code
+    assert demo_data.answer_kind(f"```python\n{code}```") == "corner", code
     assert best["training"]["games"] == 4 * best["times_written"] and best["times_written"] >= 10
     assert index["rescoring"]["seconds"] <= 0.05 * index["rescoring"]["training_seconds"] + 2.0  # + one game's limit
     tmp = tmp_path / "eval"
