@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -52,7 +53,8 @@ def run(index: int, work: Path, extra: list[str]) -> dict:
     salt = trainer.saved_salt(checkpoint)
     shutil.rmtree(out)
     return {"run": index, "salt": salt, "first10": first, "last10": last,
-            "kinds": dict(kinds), "best": best, "learned": learned and best == "corner", "seconds": seconds}  # fmt: skip
+            "kinds": dict(kinds), "best": best, "learned": learned and best == "corner", "seconds": seconds,
+            "load": os.getloadavg()[0]}  # fmt: skip
 
 
 def sample(out: Path) -> list[str]:
@@ -72,15 +74,16 @@ def sample(out: Path) -> list[str]:
 
 def table(rows: list[dict]) -> str:
     lines = ["| run | salt | first 10 steps | last 10 steps | corner of 32 | other answers of 32 | archive's best | "
-             "learned | wall |", "|---:|---|---:|---:|---:|---|---|---|---:|"]  # fmt: skip
+             "learned | wall | load |", "|---:|---|---:|---:|---:|---|---|---|---:|---:|"]  # fmt: skip
     for r in rows:
         others = ", ".join(f"{k} {n}" for k, n in sorted(r["kinds"].items()) if k != "corner") or "-"
         lines.append(f"| {r['run']} | {r['salt'][:8]}… | {r['first10']:.2f} | {r['last10']:.2f} | "
                      f"{r['kinds'].get('corner', 0)} | {others} | {r['best']} | {'yes' if r['learned'] else 'NO'} | "
-                     f"{r['seconds']:.0f} s |")  # fmt: skip
+                     f"{r['seconds']:.0f} s | {r['load']:.1f} |")  # fmt: skip
     seconds = [r["seconds"] for r in rows]
     lines.append(f"\nlearned the corner player: {sum(r['learned'] for r in rows)} of {len(rows)} runs; wall time median "
-                 f"{statistics.median(seconds):.0f} s, longest {max(seconds):.0f} s")  # fmt: skip
+                 f"{statistics.median(seconds):.0f} s, longest {max(seconds):.0f} s (load: the 1-minute load average "
+                 "of the machine as the run ended)")  # fmt: skip
     return "\n".join(lines)
 
 
