@@ -4,6 +4,12 @@ A randomly initialised model cannot find a working strategy by sampling, so the 
 on these answers (SFT) and then lets GRPO sort them out with the real rewards and sandbox. The mix is
 deliberately mostly bad, so learning shows as the good answers taking over. Every answer is short, so a
 few dozen tokens of the demo's tokenizer cover it.
+
+The copies set where GRPO starts: while bad answers fill its groups, GRPO pushes every playable answer up about
+alike, so the board-blind answer the warm start writes most can take over before the corner player pulls ahead. With 3
+copies of the corner player the warm-started model wrote it in 11% of its answers and the two random.choice answers in
+18%, and 2 runs in 10 settled on random.choice; with 4 it writes the corner player in 25% (random.choice 9%), which
+leads from the first steps (docs/PERF.md, "The CPU demo's spread").
 """
 
 FENCE = "```"
@@ -28,7 +34,7 @@ EXAMPLES = [
     ("cycle", 2, _code('    n = getattr(strategy, "n", 0)\n    strategy.n = n + 1\n    return "WASD"[n % 4]\n')),
     (
         "corner",
-        3,
+        4,
         _code(
             "    def moves(b):\n"
             "        return any(x == y != 0 or x == 0 != y for r in b for x, y in zip(r, r[1:]))\n"
@@ -54,3 +60,16 @@ def sft_rows(prompt: str) -> list[dict]:
 def corpus(prompt: str) -> list[str]:
     """What the demo's tokenizer is trained on: the prompt and every answer as many times as its copies."""
     return [prompt] + [text for _kind, copies, text in EXAMPLES for _ in range(copies)]
+
+
+def answer_kind(text: str) -> str:
+    """Which of the example answers a completion is a version of (a trained policy may trim a line or two): corner,
+    cycle, random (either random.choice) or other. The learning test and the benches judge a trained demo by it."""
+    import rewards
+
+    code = rewards.extract_function(text) or ""
+    if "moves(b)" in code:
+        return "corner"  # reads the board: the first move that changes it, in the order A, S, D, W
+    if "strategy.n" in code:
+        return "cycle"  # never reads the board
+    return "random" if "random" in code else "other"

@@ -163,7 +163,7 @@ class StrategyArchive(TrainerCallback):
         self.spent_seconds = 0.0  # re-scoring, all steps together
         self.distinct_last_step = 0
         self.step_started = None
-        self.reported = {"best": None, "panel": None}  # what the console line and the text panel last showed
+        self.reported = {"best": None}  # what the console line last showed
 
     def describe(self) -> str:
         """The log line that states what the archive does and its budget."""
@@ -327,17 +327,15 @@ class StrategyArchive(TrainerCallback):
             self.report(state.global_step)
 
     def report(self, step: int) -> None:
-        """TensorBoard's archive/* scalars and, when the top changed, its text panel; a console line when the best
-        changed."""
+        """TensorBoard's archive/* scalars and its text panel (at every log, so its "written" counts stay current); a
+        console line when the best changed."""
         from trainer import say
 
         top = self.ranked()[: self.size]
         if self.writer is not None:
             for name, value in self.metrics().items():
                 self.writer.add_scalar(name, value, step)
-            panel = [(e.id, e.held_out["reward"]) for e in top[:PANEL_ROWS]]
-            if top and panel != self.reported["panel"]:
-                self.reported["panel"] = panel
+            if top:
                 self.writer.add_text("archive", self.panel(top[:PANEL_ROWS]), step)
             self.writer.flush()
         if top and top[0].id != self.reported["best"]:

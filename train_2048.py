@@ -30,9 +30,7 @@ import logging
 import os
 import re
 import signal
-import socket
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -602,10 +600,12 @@ def check_budget(tokenizer, settings, script_args, training_args, model_name: st
                     f"max_completion_length {budget}: raise it to {prompt + budget} or more")  # fmt: skip
 
 
-def warm_start(model, tokenizer, prompt: str, script_args, training_args, state, output_dir: Path) -> None:
+def warm_start(model, tokenizer, prompt: str, script_args, training_args, state, output_dir: Path, writer=None) -> None:
     """SFT on demo_data.py's example answers, for a model that cannot write a working strategy yet. Under accelerate
-    launch it is one data-parallel job of every rank, the batch split so an update sees as many examples."""
+    launch it is one data-parallel job of every rank, the batch split so an update sees as many examples. Its
+    TensorBoard scalars go to the run's writer as warm_start/*."""
     from datasets import Dataset
+    from transformers.integrations import TensorBoardCallback
     from trl import SFTConfig, SFTTrainer
 
     import trainer as grpo
@@ -633,7 +633,8 @@ def warm_start(model, tokenizer, prompt: str, script_args, training_args, state,
     )
     sft = SFTTrainer(model, sft_args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     quiet_console(sft)
-    sft.add_callback(grpo.WarmStartReport())
+    sft.pop_callback(TensorBoardCallback)  # its train/* would share GRPO's charts
+    sft.add_callback(grpo.WarmStartReport(writer))
     sft.train()
 
 
@@ -649,10 +650,10 @@ def quiet_console(trainer) -> None:
 
 
 def make_trainer(model, tokenizer, settings, script_args, training_args, state, output_dir: Path, reasoning: str,
-                 checkpoint: Path | None = None):  # fmt: skip
+                 checkpoint: Path | None = None, writer=None):  # fmt: skip
     """(trainer, ctrl_c): TRL's GRPOTrainer with our rewards, evaluation, reports, timings and strategy archive
     (trainer.py, strategy_archive.py; the archive continues the checkpoint's on a resume), and the callback that
-    Ctrl-C asks for a checkpoint."""
+    Ctrl-C asks for a checkpoint. `writer`: the run's TensorBoard writer (main process), or None."""
     from transformers.integrations import TensorBoardCallback
 
     import trainer as grpo
@@ -711,12 +712,7 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
     quiet_console(trainer)
     if generate is not None:
         log.info(f"generation: {trainer.prepare_fast_generation()}")
-    if state.is_main_process and "tensorboard" in training_args.report_to:
-        # One writer for the Trainer's scalars and our sample texts, handed to transformers' own callback.
-        from torch.utils.tensorboard import SummaryWriter
-
-        run = output_dir / "runs" / f"{time.strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}"
-        writer = SummaryWriter(log_dir=str(run))
+    if writer is not None:  # one writer for the Trainer's scalars and ours, handed to transformers' own callback
         trainer.remove_callback(TensorBoardCallback)
         trainer.add_callback(TensorBoardCallback(tb_writer=writer))
         trainer.add_callback(grpo.TensorBoardSamples(writer, latest, script_args.sample_steps, script_args.num_samples))
@@ -842,11 +838,16 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     if checkpoint is not None:
         compare_adapters(model, checkpoint)
     check_budget(tokenizer, settings, script_args, training_args, model_args.model_name_or_path, backend, reasoning)
+    import trainer as grpo
+
+    writer = None
+    if state.is_main_process and "tensorboard" in training_args.report_to:
+        writer = grpo.tensorboard_writer(output_dir)
     if script_args.warm_start and checkpoint is None:
-        warm_start(model, tokenizer, prompt, script_args, training_args, state, output_dir)
+        warm_start(model, tokenizer, prompt, script_args, training_args, state, output_dir, writer)
 
     trainer, ctrl_c = make_trainer(model, tokenizer, settings, script_args, training_args, state, output_dir, reasoning,
-                                   checkpoint)
+                                   checkpoint, writer)
     del model  # the trainer holds it; the save step may release it to check a merged copy alone
     if run_grpo(trainer, ctrl_c, checkpoint):
         step = trainer.state.global_step
@@ -863,7 +864,8 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
         prompt_inputs=evaluation.prompt_inputs(tokenizer, settings, training_args.chat_template_kwargs or {}),
         merge_base=merge_source,
     )  # fmt: skip
-    log.info(f"done after {steps} steps. TensorBoard: {tensorboard_command(output_dir)}")
+    log.info(f"done after {steps} steps. TensorBoard: {tensorboard_command(output_dir)} (its Custom Scalars tab, "
+             "#custom_scalars, has the charts that say whether it learned)")
     return 0 if ok else 1
 
 

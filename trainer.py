@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import math
+import socket
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -347,25 +348,64 @@ class GRPOReport(TrainerCallback):
             say(eval_line(state.global_step, metrics))
 
 
+# The Custom Scalars tab of TensorBoard: one screen of the charts that say whether a run learns (tags are regexes).
+TENSORBOARD_LAYOUT = {
+    "train_2048": {
+        "reward (the sum of the rewards)": ["Multiline", [r"train/reward$"]],
+        "each reward": ["Multiline", [r"train/rewards/[^/]+/mean$"]],
+        "eval: mean game score (fixed games)": ["Multiline", [r"eval/mean_score$"]],
+        "archive: best strategy's held-out reward": ["Multiline", [r"archive/best_reward$"]],
+        "KL to the reference (with --beta > 0)": ["Multiline", [r"train/kl$"]],
+        "completion length (tokens)": ["Multiline", [r"train/completions/(mean|max)_length$"]],
+        "generation path (share of the step's generations)": ["Multiline", [r"train/generation/"]],
+    }
+}
+# The samples' name in the Text tab, which opens its first two groups in the order of their names: "answers" and the
+# strategy archive's "archive" come before "args" (the Trainer's dump of its arguments).
+ANSWERS_TEXT = "answers"
+
+
+def tensorboard_writer(output_dir: Path):
+    """The run's one TensorBoard writer, <output_dir>/runs/<date>_<host>: the warm start's scalars (warm_start/*), the
+    Trainer's (train/*, eval/*), the archive's and the texts all go into it, so TensorBoard shows one run, with
+    TENSORBOARD_LAYOUT as its Custom Scalars tab."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(output_dir / "runs" / f"{time.strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}"))
+    writer.add_custom_scalars(TENSORBOARD_LAYOUT)
+    return writer
+
+
 class WarmStartReport(TrainerCallback):
-    """The warm start's (SFT) console line per log."""
+    """The warm start's (SFT) console line per log, and its numbers as warm_start/* in TensorBoard (not train/*: those
+    charts are GRPO's, and the SFT steps are not GRPO's steps)."""
+
+    def __init__(self, writer=None):
+        self.writer = writer
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and logs and "loss" in logs:
+        if not state.is_world_process_zero or not logs:
+            return
+        if self.writer is not None:
+            for name, value in logs.items():
+                if isinstance(value, int | float):
+                    self.writer.add_scalar(f"warm_start/{name}", value, state.global_step)
+            self.writer.flush()
+        if "loss" in logs:
             accuracy = logs.get("mean_token_accuracy", float("nan"))
             say(f"warm start  epoch {logs.get('epoch', 0):.1f}  loss {logs['loss']:.3f}  tokens right {accuracy:.0%}")
 
 
 class TensorBoardSamples(TrainerCallback):
-    """Every `every` steps, a few completions with their three rewards as TensorBoard text, through the writer the
-    Trainer's own TensorBoardCallback uses (train_2048.py hands both the same one)."""
+    """Every `every` steps, a few completions with their three rewards as TensorBoard text ("answers"), through the
+    writer the Trainer's own TensorBoardCallback uses (train_2048.py hands both the same one)."""
 
     def __init__(self, writer, latest: dict, every: int, count: int):
         self.writer, self.latest, self.every, self.count = writer, latest, max(every, 1), count
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero and self.latest.get("completions") and state.global_step % self.every == 0:
-            self.writer.add_text("samples", sample_markdown(self.latest, self.count), state.global_step)
+            self.writer.add_text(ANSWERS_TEXT, sample_markdown(self.latest, self.count), state.global_step)
             self.writer.flush()
 
 

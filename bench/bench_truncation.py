@@ -43,21 +43,10 @@ HANDLINGS = {
 SAMPLES, SAMPLE_TOKENS = 32, 96
 
 
-def answer_kind(text: str) -> str:
-    """Which of the demo's example answers a completion is a version of."""
-    import rewards
-
-    code = rewards.extract_function(text) or ""
-    if "moves(b)" in code:
-        return "corner"  # reads the board
-    if "strategy.n" in code:
-        return "cycle"
-    return "random" if "random" in code else "other"
-
-
 def run(handling: str, budget: int, seed: int, work: Path) -> dict:
     from trl import ModelConfig
 
+    import demo_data
     import evaluation
     import models
     import rewards
@@ -78,7 +67,7 @@ def run(handling: str, budget: int, seed: int, work: Path) -> dict:
     inputs = evaluation.prompt_inputs(tokenizer, rewards.RewardSettings(size=3, target=128), {})
     ids = evaluation.sample_batch(model, tokenizer, inputs, index=0, size=SAMPLES, seed=1000 + seed,
                                   temperature=1.0, max_new_tokens=SAMPLE_TOKENS)  # fmt: skip
-    kinds = collections.Counter(answer_kind(t) for t in evaluation.decode(tokenizer, ids))
+    kinds = collections.Counter(demo_data.answer_kind(t) for t in evaluation.decode(tokenizer, ids))
     return {
         "handling": handling, "budget": budget, "seed": seed, "kinds": dict(kinds),
         "board_reading": kinds["corner"] / SAMPLES,

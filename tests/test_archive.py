@@ -586,3 +586,22 @@ def test_files_are_replaced_only_by_an_archive_that_holds_what_they_show(tmp_pat
     (link / "index.json").unlink()
     kept_when_resumed(older, 5)  # an index that cannot be read: nothing to vouch for the copy
     assert len([p for p in tmp_path.iterdir() if p.name.startswith(strategy_archive.FOLDER + "-")]) == 3
+
+
+def test_its_tensorboard_panel_comes_at_every_log_with_current_counts(archive, tmp_path):
+    """The text panel at every log, not only when the top changes: while the top holds still, its "written" counts
+    keep up (read back from the event file, as TensorBoard reads it)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    archive.writer = SummaryWriter(str(tmp_path / "runs"))
+    for step in (1, 2, 3):
+        train_step(archive, [fenced(CORNER), fenced(CORNER)], step=step)
+        archive.report(step)
+    archive.writer.close()
+    events = EventAccumulator(str(tmp_path / "runs"), size_guidance={"tensors": 0})
+    events.Reload()
+    panels = events.Tensors("archive/text_summary")
+    assert [p.step for p in panels] == [1, 2, 3]
+    corner = entry(archive, CORNER)
+    assert corner.times == 6 and f"| 1 | {corner.id} | 1 | 6 |" in panels[-1].tensor_proto.string_val[0].decode()

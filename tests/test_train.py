@@ -461,6 +461,15 @@ def test_rewards_rank_the_demo_answers_good_over_random_over_broken_over_cheatin
     assert by_kind["corner"] > by_kind["random"] > by_kind["stuck"] > broken > by_kind["cheats"], by_kind
 
 
+def test_answer_kind_names_each_demo_answer_and_its_trimmed_versions():
+    """demo_data.answer_kind, by which the learning test and bench/bench_demo.py judge a trained demo."""
+    named = {"corner": "corner", "cycle": "cycle", "random": "random", "biased_random": "random"}
+    for kind, _, text in train_2048.demo_data.EXAMPLES:
+        assert train_2048.demo_data.answer_kind(text) == named.get(kind, "other"), kind
+        trimmed = text.replace('    return "A"\n```', "```")  # a policy that drops the last line
+        assert train_2048.demo_data.answer_kind(trimmed) == named.get(kind, "other"), kind
+
+
 # --- truncated completions -----------------------------------------------------------------------------------
 
 
