@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--json", help="also write every run to this file")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    import models
+
+    models.quiet_library_imports()  # before trl (trainer.py imports it), as the commands do
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-demo-") as tmp:
         for index in range(1, args.runs + 1):
