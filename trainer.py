@@ -353,7 +353,7 @@ TENSORBOARD_LAYOUT = {
     "train_2048": {
         "reward (the sum of the rewards)": ["Multiline", [r"train/reward$"]],
         "each reward": ["Multiline", [r"train/rewards/[^/]+/mean$"]],
-        "eval: mean game score (fixed games)": ["Multiline", [r"eval/mean_score$"]],
+        "eval: mean game score (the held-out games)": ["Multiline", [r"eval/mean_score$"]],
         "archive: best strategy's held-out reward": ["Multiline", [r"archive/best_reward$"]],
         "KL to the reference (with --beta > 0)": ["Multiline", [r"train/kl$"]],
         "completion length (tokens)": ["Multiline", [r"train/completions/(mean|max)_length$"]],
