@@ -48,8 +48,10 @@ def run(index: int, work: Path, extra: list[str]) -> dict:
     steps = [m["reward"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in m]
     first, last = statistics.fmean(steps[:10]), statistics.fmean(steps[-10:])
     kinds = collections.Counter(demo_data.answer_kind(text) for text in sample(out))
-    code = evaluation.file_source(str(out / "strategies" / "best.py")).samples[0].code  # the model's code, kept as data
-    best = demo_data.answer_kind(f"```python\n{code}```")
+    best = "none"  # a run too short for the archive to rank a strategy
+    if (out / "strategies" / "best.py").exists():
+        code = evaluation.file_source(str(out / "strategies" / "best.py")).samples[0].code  # the model's, as data
+        best = demo_data.answer_kind(f"```python\n{code}```")
     learned = last >= first + 4 and kinds["corner"] >= SAMPLES // 2 and kinds["corner"] > 4 * kinds["cycle"]
     checkpoint = max(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     salt = trainer.saved_salt(checkpoint)
