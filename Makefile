@@ -3,7 +3,7 @@
 #   make demo    # the CPU demo: a tiny local model learns to prefer board-reading strategies, in minutes
 #                # (again: make demo ARGS="--overwrite_output_dir true", or ARGS="--resume auto")
 #   make test    # ruff, then every test (slow ones included), then the Unsloth tier in a process of its own
-#   make gpu-check  # on a GPU machine: whether the default path works and how fast (docs/GPU_CHECK.md), ~6 min on an H100
+#   make gpu-check  # on a GPU machine: whether the default path works and how fast (docs/GPU_CHECK.md), planned at ~6 min
 VENV := .venv
 STAMP := $(VENV)/.setup-done
 
@@ -16,7 +16,12 @@ $(STAMP): setup.sh requirements.txt requirements-cpu.txt
 demo: $(STAMP)
 	$(VENV)/bin/python train_2048.py --config configs/cpu-demo.yaml $(ARGS)
 
-test: $(STAMP)
+# The GPU set (setup.sh on a GPU machine) has no test tools: the CPU set's are added on first use. Order-only, so
+# a set-up newer than them does not install them again.
+$(VENV)/bin/pytest: | $(STAMP)
+	$(VENV)/bin/python -m pip install --quiet $$(grep -E '^(pytest|hypothesis|ruff)[<>=]' requirements-cpu.txt)
+
+test: $(STAMP) $(VENV)/bin/pytest
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -v
 	TRAIN2048_UNSLOTH_TIER=1 $(VENV)/bin/python -m pytest -v tests/unsloth

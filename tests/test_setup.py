@@ -507,7 +507,7 @@ def make_dry_run(tmp_path: Path, target: str, stamped: bool, *variables: str) ->
     for name in ("Makefile", "setup.sh", "requirements.txt", "requirements-cpu.txt"):
         shutil.copy(ROOT / name, tmp_path / name)
     if stamped:
-        (tmp_path / ".venv").mkdir()
+        (tmp_path / ".venv").mkdir(exist_ok=True)
         (tmp_path / ".venv" / ".setup-done").touch()
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # under `make test`
     result = subprocess.run(["make", "--no-print-directory", "-n", target, *variables], cwd=tmp_path, capture_output=True,
@@ -523,6 +523,20 @@ def test_make_sets_up_on_first_use_then_runs(tmp_path, target, command):
     first = make_dry_run(tmp_path, target, stamped=False)
     assert first[0] == "bash setup.sh" and command in first[-1]
     assert make_dry_run(tmp_path, target, stamped=True)[0] != "bash setup.sh"  # set up: straight to the command
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+def test_make_test_adds_the_test_tools_the_gpu_set_lacks(tmp_path):
+    """setup.sh on a GPU machine installs the GPU set, which has no pytest or ruff: `make test` adds the CPU set's
+    test tools (their pins from requirements-cpu.txt) once, and never where they are."""
+    first = make_dry_run(tmp_path, "test", stamped=True)
+    assert "pip install" in first[0] and "requirements-cpu.txt" in first[0] and "-m pytest" in first[-1]
+    (tmp_path / ".venv" / "bin").mkdir()
+    (tmp_path / ".venv" / "bin" / "pytest").touch()  # make_dry_run touches the set-up's stamp after: newer than them
+    assert not any("pip install" in line for line in make_dry_run(tmp_path, "test", stamped=True))
+    tools = subprocess.run(["bash", "-c", "grep -E '^(pytest|hypothesis|ruff)[<>=]' requirements-cpu.txt"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    assert [t.split(">")[0] for t in tools] == ["pytest", "hypothesis", "ruff"]
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
