@@ -8,7 +8,7 @@ run time (a violation of the contract) is scored as cheating too. Two profiles:
 
 - `graded` (default): the mean over 8 games of a per-game score in [0, 20] from the game's points, on a 3x3
   board to 512, where no player that ignores the board (random keys, any fixed cycle of keys) comes near a
-  board-reading one: chosen from measurements (bench/reward_table.py; README, "Rewards"). On the notebook's
+  board-reading one: chosen from measurements (bench/reward_table.py; docs/REWARDS.md). On the notebook's
   6x6 board `random.choice("WASD")` wins ~97% of games, and on 5x5 a four-key cycle wins 87%.
 - `notebook`: one 6x6 game to 2048 scored exactly like the public notebook, for reproducing the tutorial.
 """

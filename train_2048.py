@@ -93,13 +93,14 @@ class ScriptArguments:
     save_method: Literal["lora", "merged_16bit", "mxfp4"] = field(
         default="lora",
         metadata={
-            "help": "At the end, LoRA adapters always go to <output_dir>/final; merged_16bit and mxfp4 also write "
-            "<output_dir>/final-<method> (mxfp4: Unsloth on a GPU only)."
+            "help": "At the end, LoRA adapters always go to <output_dir>/final; merged_16bit also merges them into the "
+            "16-bit base, <output_dir>/final-merged_16bit (merge_2048.py). mxfp4 is refused while Unsloth needs "
+            "transformers <= 4.57.6 for it (docs/TRAINING.md)."
         },
     )
     verify_save: bool = field(
         default=True,
-        metadata={"help": "Check each save against the trained model: tensors and seeded samples (see README)."},
+        metadata={"help": "Check each save against the trained model: tensors and seeded samples (docs/TRAINING.md, Options)."},
     )
     fast_generation: bool = field(
         default=False,
@@ -593,7 +594,7 @@ def check_budget(tokenizer, settings, script_args, training_args, model_name: st
     if budget < analysis + answer:
         log.warning(
             f"max_completion_length {budget} cannot hold a board-reading answer: {analysis} tokens of analysis and "
-            f"{answer} for a compact search answer need {analysis + answer} (README, Token budget)"
+            f"{answer} for a compact search answer need {analysis + answer} (docs/TRAINING.md, Token budget)"
         )
     if backend == "unsloth" and prompt + budget > script_args.max_seq_length:
         log.warning(f"max_seq_length {script_args.max_seq_length} cannot hold the prompt ({prompt} tokens) and "
