@@ -7,9 +7,9 @@ few dozen tokens of the demo's tokenizer cover it.
 
 The copies set where GRPO starts: while bad answers fill its groups, GRPO pushes every playable answer up about
 alike, so the board-blind answer the warm start writes most can take over before the corner player pulls ahead. With 3
-copies of the corner player the warm-started model wrote it in 11% of its answers and the two random.choice answers in
-18%, and 2 runs in 10 settled on random.choice; with 4 it writes the corner player in 25% (random.choice 9%), which
-leads from the first steps (docs/PERF.md, "The CPU demo's spread").
+copies of the corner player, 6 of 32 answers after the first step were it and 7 the two random.choice answers, and
+runs settled on random.choice; with 4, 13 of 32 are the corner player and 3 random.choice, and 40 of 40 fresh-salt runs
+learned it (docs/PERF.md, "The CPU demo's spread").
 """
 
 FENCE = "```"
