@@ -73,3 +73,33 @@ def answer_kind(text: str) -> str:
     if "strategy.n" in code:
         return "cycle"  # never reads the board
     return "random" if "random" in code else "other"
+
+
+# How a demo run is judged, by the learning test (tests/test_train_runs.py) and bench/bench_demo.py alike.
+SAMPLES = 32
+
+
+def sample_answers(output_dir) -> list[str]:
+    """SAMPLES answers of a finished demo run (its final/ adapters on its tiny-model), seeded, at temperature 1."""
+    from pathlib import Path
+
+    from trl import ModelConfig
+
+    import evaluation
+    import models
+    import rewards
+
+    out = Path(output_dir)
+    model, tokenizer = models.load_model(str(out / "tiny-model"), ModelConfig(), adapter=str(out / "final"))
+    return evaluation.sample_completions(
+        model, tokenizer, rewards.RewardSettings(size=3, target=128), samples=SAMPLES, seed=1, temperature=1.0,
+        max_new_tokens=96, batch_size=16, chat_kwargs={},
+    )  # fmt: skip
+
+
+def learned(first10: float, last10: float, kinds: dict) -> bool:
+    """The bar a run meets when it learned the corner player: the mean reward of its last 10 steps at least 4 above its
+    first 10's, and of its sampled answers (counted by answer_kind) half or more the corner player and more than 4
+    times the cycle."""
+    corner, cycle = kinds.get("corner", 0), kinds.get("cycle", 0)
+    return last10 >= first10 + 4 and corner >= SAMPLES // 2 and corner > 4 * cycle

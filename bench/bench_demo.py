@@ -29,7 +29,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-SAMPLES = 32
 
 
 def run(index: int, work: Path, extra: list[str]) -> dict:
@@ -47,33 +46,17 @@ def run(index: int, work: Path, extra: list[str]) -> dict:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
     steps = [m["reward"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in m]
     first, last = statistics.fmean(steps[:10]), statistics.fmean(steps[-10:])
-    kinds = collections.Counter(demo_data.answer_kind(text) for text in sample(out))
+    kinds = collections.Counter(demo_data.answer_kind(text) for text in demo_data.sample_answers(out))
     best = "none"  # a run too short for the archive to rank a strategy
     if (out / "strategies" / "best.py").exists():
         code = evaluation.file_source(str(out / "strategies" / "best.py")).samples[0].code  # the model's, as data
         best = demo_data.answer_kind(f"```python\n{code}```")
-    learned = last >= first + 4 and kinds["corner"] >= SAMPLES // 2 and kinds["corner"] > 4 * kinds["cycle"]
     checkpoint = max(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     salt = trainer.saved_salt(checkpoint)
     shutil.rmtree(out)
     return {"run": index, "salt": salt, "first10": first, "last10": last,
-            "kinds": dict(kinds), "best": best, "learned": learned and best == "corner", "seconds": seconds,
+            "kinds": dict(kinds), "best": best, "learned": demo_data.learned(first, last, kinds) and best == "corner", "seconds": seconds,
             "load": os.getloadavg()[0]}  # fmt: skip
-
-
-def sample(out: Path) -> list[str]:
-    """32 answers of the trained model, sampled as the learning test samples them."""
-    from trl import ModelConfig
-
-    import evaluation
-    import models
-    import rewards
-
-    model, tokenizer = models.load_model(str(out / "tiny-model"), ModelConfig(), adapter=str(out / "final"))
-    return evaluation.sample_completions(
-        model, tokenizer, rewards.RewardSettings(size=3, target=128), samples=SAMPLES, seed=1, temperature=1.0,
-        max_new_tokens=96, batch_size=16, chat_kwargs={},
-    )  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:
