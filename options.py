@@ -37,18 +37,32 @@ def split_config(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 def read_config(path: str) -> dict:
-    """The preset as a mapping of option: value."""
-    import yaml
+    """The preset as a mapping of option: value: a regular file of at most user_files.PRESET_BYTES, YAML without
+    aliases and nested at most user_files.MAX_DEPTH deep (user_files.py). Read once per process and path: the early
+    parse (what to import) and the full one see the same mapping."""
+    import os
+
+    import user_files
 
     try:
-        config = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise OptionError(f"cannot read config {path}: {' '.join(str(exc).split())}") from None
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        raise OptionError(f"config {path} must be a YAML mapping of option: value")
-    return config
+        seen = os.stat(path)
+        key = (path, seen.st_ino, seen.st_mtime_ns, seen.st_size)
+    except OSError:
+        key = (path,)
+    if key not in _READ:
+        try:
+            config = user_files.read_yaml(path, user_files.PRESET_BYTES, "config")
+        except user_files.FileRefused as exc:
+            raise OptionError(str(exc)) from None
+        if config is None:
+            config = {}
+        if not isinstance(config, dict):
+            raise OptionError(f"config {path} must be a YAML mapping of option: value")
+        _READ[key] = config
+    return dict(_READ[key])
+
+
+_READ: dict[tuple, dict] = {}
 
 
 def long_flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
