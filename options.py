@@ -13,8 +13,8 @@ import argparse
 import dataclasses
 import difflib
 import json
+import re
 import typing
-from pathlib import Path
 
 
 class OptionError(Exception):
@@ -63,6 +63,33 @@ def read_config(path: str) -> dict:
 
 
 _READ: dict[tuple, dict] = {}
+
+
+# The environment variables a preset may set (its `env:` mapping): settings of the libraries' memory and threads,
+# read after the options are checked. None names a program, a library or a path, so a preset never changes what runs
+# (TRAIN2048_SANDBOX_WRAP, LD_PRELOAD, PYTHONPATH, PATH ... are refused); the user's own environment sets those.
+PRESET_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "TOKENIZERS_PARALLELISM", "TRANSFORMERS_VERBOSITY", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+ENV_VALUE = re.compile(r"[A-Za-z0-9_.:,=+-]{0,200}")
+
+
+def preset_env(config: dict, source: str) -> dict[str, str]:
+    """The preset's `env:` mapping, checked (and removed from `config`); applied by the caller only once every option
+    has been checked."""
+    env = config.pop("env", None) or {}
+    if not isinstance(env, dict):
+        raise OptionError(f"{source}: env: a mapping of NAME: value (environment variables)")
+    checked = {}
+    for name, value in env.items():
+        if str(name) not in PRESET_ENV:
+            raise OptionError(f"{source}: env: {name}: a preset may set only {', '.join(PRESET_ENV)} (a variable that "
+                              "names a program, a library or a path is yours to set in your own environment)")  # fmt: skip
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        if isinstance(value, dict | list) or value is None or not ENV_VALUE.fullmatch(str(value)):
+            raise OptionError(f"{source}: env: {name}: {json.dumps(value)[:60]} is not a plain setting (letters, "
+                              "digits and _.:,=+- only)")  # fmt: skip
+        checked[str(name)] = str(value)
+    return checked
 
 
 def long_flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

@@ -48,6 +48,7 @@ REAL_GPT_OSS = re.compile(r"gpt-oss-(20|120)b", re.I)  # checkpoints no CPU can 
 # Unsloth (2026.10.9) writes mxfp4 through llm-compressor, which runs with transformers up to this version only
 # (unsloth/save.py, _LLM_COMPRESSOR_MAX_TRANSFORMERS; tests/unsloth checks it): above it the save fails after training.
 MXFP4_MAX_TRANSFORMERS = "4.57.6"
+HELD: list[int] = []  # the output folder's lock, held while the run lives (run_folder.take)
 MAX_STEP_SECONDS = 3600  # no preset's GRPO step comes near an hour (GPT-OSS-20B on a DGX Spark: ~90 s)
 log = logging.getLogger("train_2048")
 
@@ -182,17 +183,14 @@ def die(message: str) -> None:
 # --- options ------------------------------------------------------------------------------------------------
 
 
-def config_and_flags(argv: list[str]) -> tuple[str, dict, list[str]]:
-    """(the preset's path, its mapping, the command line's other words); the default preset when none is given. A
-    preset's `env:` mapping sets environment variables, as TRL's parser does."""
+def config_and_flags(argv: list[str]) -> tuple[str, dict, list[str], dict[str, str]]:
+    """(the preset's path, its mapping, the command line's other words, its checked `env:` mapping); the default
+    preset when none is given. The environment is set only after every option is checked (parse_args)."""
     path, rest = options.split_config(argv)
     path = path or str(DEFAULT_CONFIG)  # plain `python train_2048.py` is the GPT-OSS-20B run
     config = options.read_config(path)
-    env = config.pop("env", None) or {}
-    if not isinstance(env, dict) or any(isinstance(v, dict | list) for v in env.values()):
-        raise options.OptionError(f"{path}: env: a mapping of NAME: value (environment variables)")
-    os.environ.update({str(k): str(v) for k, v in env.items()})
-    return path, config, rest
+    env = options.preset_env(config, path)
+    return path, config, rest, env
 
 
 def early_options(argv: list[str]) -> argparse.Namespace:
@@ -205,7 +203,7 @@ def early_options(argv: list[str]) -> argparse.Namespace:
         parser.add_argument(f"--{name}", f"--{name.replace('_', '-')}", nargs="?", const="true", default=None)
     parser.add_argument("-h", "--help", action="store_true")
     try:
-        path, config, rest = config_and_flags(argv)
+        path, config, rest, _ = config_and_flags(argv)
         words = [w for ws in options.config_words(config, parser, path).values() for w in ws]
         return parser.parse_known_args(words + rest)[0]
     except options.OptionError as exc:
@@ -258,7 +256,7 @@ def parse_args(argv: list[str]):
     parser.add_argument("--config", default=str(DEFAULT_CONFIG.relative_to(HERE)), metavar="FILE.yaml",
                         help="The preset: its keys are options, as flags are; flags after it win.")  # fmt: skip
     try:
-        path, config, rest = config_and_flags(argv)
+        path, config, rest, env = config_and_flags(argv)
         known = options.long_flags(parser)
         for key in config:
             if str(key).replace("-", "_") not in known:
@@ -276,6 +274,7 @@ def parse_args(argv: list[str]):
         check_options(script_args, training_args, model_args, given)
     except options.OptionError as exc:
         die(str(exc))
+    os.environ.update(env)  # the preset's env: keys, checked (options.PRESET_ENV), once every option has passed
     if script_args.truncated == "skip":
         training_args.mask_truncated_completions = True  # and the rewards return None for them (trainer.py)
     return script_args, settings, training_args, model_args
@@ -415,32 +414,16 @@ def version_at_most(package: str, highest: str) -> bool:
 
 
 def resume_point(script_args, training_args, model_args, output_dir: Path) -> tuple[Path | None, list[str]]:
-    """The checkpoint to continue from (None: a fresh start), and a line for each newer one that cannot be loaded. A
-    fresh start never goes into a folder that holds a run, and a damaged checkpoint is never resumed from."""
+    """The checkpoint to continue from (None: a fresh start), and a line for each newer one that cannot be loaded
+    (run_folder.resume_point): a fresh start never goes into a folder that holds a run, a damaged checkpoint is never
+    resumed from, and a run at its --max_steps is not trained further."""
     resume = script_args.resume or training_args.resume_from_checkpoint
-    checkpoint, skipped = None, []
-    if resume == "auto":
-        for path in run_folder.checkpoints(output_dir):
-            problem = run_folder.checkpoint_damage(path)
-            if problem is None:
-                checkpoint = path
-                break
-            skipped.append(f"{path.name} is skipped: {problem}")
-        if checkpoint is None and run_folder.holds_a_run(output_dir):
-            damaged = f" ({'; '.join(skipped)})" if skipped else ""
-            die(f"--resume auto: {output_dir} holds a run but no checkpoint that can be loaded{damaged}; start over "
-                "with --overwrite_output_dir true, or give another --output_dir")  # fmt: skip
-    elif resume:
-        checkpoint = Path(resume)
-        problem = run_folder.checkpoint_damage(checkpoint)
-        if problem:
-            die(f"--resume {resume}: not a checkpoint that can be loaded ({problem})")
-        if checkpoint.resolve().parent != output_dir.resolve() and run_folder.holds_a_run(output_dir):
-            die(f"output_dir {output_dir} holds another run than {checkpoint}'s: continue there (--output_dir "
-                f"{checkpoint.parent}) or give an empty --output_dir")  # fmt: skip
-    elif run_folder.holds_a_run(output_dir) and not script_args.overwrite_output_dir:
-        die(f"output_dir {output_dir} holds a run: continue it with --resume auto, start over with "
-            "--overwrite_output_dir true (its files are deleted), or give another --output_dir")  # fmt: skip
+    try:
+        run_folder.check_folder(output_dir, fresh=not resume, overwrite=script_args.overwrite_output_dir,
+                                resume=bool(resume))  # fmt: skip
+        checkpoint, skipped = run_folder.resume_point(output_dir, resume, training_args.max_steps)
+    except run_folder.FolderRefused as exc:
+        die(str(exc))
     if checkpoint is not None:
         check_adapter_shape(checkpoint, model_args)
     return checkpoint, skipped
@@ -534,9 +517,11 @@ def start_logging(output_dir: Path, state) -> None:
     """
     logging.raiseExceptions = False  # a log line that cannot be written (a full disk) is dropped, not a traceback
     if state.is_main_process:
+        import user_files
+
         try:
             output_dir.mkdir(parents=True, exist_ok=True)
-            logfile = logging.FileHandler(output_dir / "training.log")
+            logfile = logging.StreamHandler(user_files.open_append(output_dir / "training.log"))  # never through a link
         except OSError as exc:
             die(f"output_dir {output_dir}: {exc.strerror or exc}")
         console = logging.StreamHandler(sys.stdout)
@@ -614,7 +599,7 @@ def warm_start(model, tokenizer, prompt: str, script_args, training_args, state,
     rows = demo_data.sft_rows(prompt)
     log.info(f"warm start: SFT on {len(rows)} example answers for {script_args.sft_epochs:g} epochs")
     sft_args = SFTConfig(
-        output_dir=str(output_dir / "sft"),
+        output_dir=str(output_dir),  # it saves nothing (save_strategy "no"): no folder of its own
         num_train_epochs=script_args.sft_epochs,
         learning_rate=script_args.sft_learning_rate,
         lr_scheduler_type="constant",
@@ -801,9 +786,13 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     from transformers import set_seed
 
     state = PartialState()  # set up by GRPOConfig: one process, or this rank of an accelerate launch
-    if script_args.overwrite_output_dir and state.is_main_process:
-        run_folder.clear_run(output_dir)  # every check has passed: the user asked for this run to replace the earlier one
     created = state.is_main_process and not output_dir.exists()
+    if state.is_main_process:  # the lock and the record of what the run writes; with --overwrite_output_dir, the
+        try:  # earlier run's recorded files deleted (every check has passed: the user asked for this)
+            HELD.append(run_folder.take(output_dir, overwrite=script_args.overwrite_output_dir and checkpoint is None,
+                                        push_to_hub=training_args.push_to_hub))  # fmt: skip
+        except (run_folder.FolderRefused, OSError) as exc:
+            die(str(exc) if isinstance(exc, run_folder.FolderRefused) else f"output_dir {output_dir}: {one_line(exc)}")
     start_logging(output_dir, state)
     log.info(f"train_2048: {model_args.model_name_or_path} on the {backend} backend, writing to {output_dir}")
     for note in notes:
@@ -835,6 +824,8 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
             import shutil
 
             shutil.rmtree(output_dir, ignore_errors=True)
+        elif state.is_main_process and checkpoint is None and not run_folder.results_held(output_dir):
+            run_folder.clear_run(output_dir)  # nothing of the run but its log: the folder as it was before it
         die(f"cannot load model {model_args.model_name_or_path}: {one_line(exc, 300)}")
     if checkpoint is not None:
         compare_adapters(model, checkpoint)
@@ -844,6 +835,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     writer = None
     if state.is_main_process and "tensorboard" in training_args.report_to:
         writer = grpo.tensorboard_writer(output_dir)
+        run_folder.claim(output_dir, Path(writer.log_dir).relative_to(output_dir).as_posix())  # in a runs/ of the user's
     if script_args.warm_start and checkpoint is None:
         warm_start(model, tokenizer, prompt, script_args, training_args, state, output_dir, writer)
 
@@ -892,11 +884,16 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))  # accelerate launch / torchrun: one process per rank
     try:
         rc = train(argv, backend, cuda)
+    except run_folder.Finished as finished:  # a resume of a run at its end: nothing to do
+        print(f"train_2048: {finished}")
+        rc = 0
     except KeyboardInterrupt:
         print("train_2048: interrupted", file=sys.stderr)
         rc = 130
     finally:
         sandbox.shutdown()
+        while HELD:  # the output folder's lock (the kernel would release it at exit; a test runs several in a process)
+            os.close(HELD.pop())
     if world > 1:  # the sign that this rank got through (the test of the 2-process run reads it)
         print(f"train_2048: rank {os.environ.get('RANK', '?')}/{world} finished, exit status {rc}", file=sys.stderr)
     return rc

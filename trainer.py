@@ -26,6 +26,8 @@ from trl import GRPOTrainer
 import evaluation
 import generation
 import rewards
+import run_folder
+import user_files
 
 log = logging.getLogger("train_2048")
 
@@ -132,10 +134,23 @@ class GameGRPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial) -> None:
         # transformers writes checkpoint-N in place, trainer_state.json last: a save cut short (a full disk, most
         # often) leaves a folder that --resume auto skips. Which folder it was goes with the error, for its one line.
+        folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
         try:
+            if self.is_world_process_zero():
+                if folder.is_symlink():
+                    raise FileExistsError(f"{folder} is a symbolic link: never written through")
+                run_folder.claim(folder.parent, folder.name)  # recorded as the run's before a byte of it is written
             super()._save_checkpoint(model, trial)
         except Exception as exc:
             raise CheckpointError(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}") from exc
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        # TRL writes <output_dir>/README.md at every checkpoint, over whatever README.md the folder holds (a user's,
+        # or the project's own with --output_dir .). The card is written only for a hub push, into a README.md the
+        # run claimed when it started (absent then).
+        readme = Path(self.args.output_dir) / "README.md"
+        if self.args.push_to_hub and "README.md" in run_folder.read_manifest(readme.parent)["claims"]:
+            super().create_model_card(*args, **kwargs)
 
     # --- step timings ---------------------------------------------------------------------------------------
 
@@ -326,7 +341,7 @@ class GRPOReport(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        with open(self.metrics, "a") as f:
+        with user_files.open_append(self.metrics) as f:  # never through a symbolic link
             f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
         if any(key.startswith("eval_") for key in logs):  # an evaluation's numbers: on_evaluate reports them
             return

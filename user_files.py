@@ -45,27 +45,27 @@ def read_bytes(path: str | os.PathLike, limit: int, what: str = "file") -> bytes
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as exc:
-        raise FileRefused(f"{what} {path}: cannot be opened ({exc.strerror or exc})") from None
+        raise FileRefused(f"cannot read {what} {path}: cannot be opened ({exc.strerror or exc})") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             kind = KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
-            raise FileRefused(f"{what} {path}: {kind}, not a regular file")
+            raise FileRefused(f"cannot read {what} {path}: {kind}, not a regular file")
         if info.st_size > limit:
-            raise FileRefused(f"{what} {path}: {_size(info.st_size)}, above the {_size(limit)} such a file may have")
+            raise FileRefused(f"cannot read {what} {path}: {_size(info.st_size)}, above the {_size(limit)} such a file may have")
         chunks, left = [], limit + 1
         while left > 0:
             try:
                 chunk = os.read(fd, min(left, 1 << 20))
             except OSError as exc:
-                raise FileRefused(f"{what} {path}: cannot be read ({exc.strerror or exc})") from None
+                raise FileRefused(f"cannot read {what} {path}: cannot be read ({exc.strerror or exc})") from None
             if not chunk:
                 break
             chunks.append(chunk)
             left -= len(chunk)
         data = b"".join(chunks)
         if len(data) > limit:  # it grew while read (/proc files report size 0 and are read the same way)
-            raise FileRefused(f"{what} {path}: more than the {_size(limit)} such a file may have")
+            raise FileRefused(f"cannot read {what} {path}: more than the {_size(limit)} such a file may have")
         return data
     finally:
         os.close(fd)
@@ -76,7 +76,7 @@ def read_text(path: str | os.PathLike, limit: int, what: str = "file") -> str:
     try:
         return read_bytes(path, limit, what).decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise FileRefused(f"{what} {path}: not UTF-8 text (byte {exc.start})") from None
+        raise FileRefused(f"cannot read {what} {path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def _depth(value, limit: int, depth: int = 0) -> int:
@@ -103,15 +103,15 @@ def read_json(path: str | os.PathLike, limit: int = JSON_BYTES, what: str = "fil
         if char in "[{":
             depth += 1
             if depth > MAX_DEPTH * 4:
-                raise FileRefused(f"{what} {path}: nested deeper than {MAX_DEPTH * 4} levels")
+                raise FileRefused(f"cannot read {what} {path}: nested deeper than {MAX_DEPTH * 4} levels")
         elif char in "]}":
             depth -= 1
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise FileRefused(f"{what} {path}: not valid JSON ({' '.join(str(exc).split())[:120]})") from None
+        raise FileRefused(f"cannot read {what} {path}: not valid JSON ({' '.join(str(exc).split())[:120]})") from None
     if _depth(value, MAX_DEPTH) > MAX_DEPTH:
-        raise FileRefused(f"{what} {path}: nested deeper than {MAX_DEPTH} levels")
+        raise FileRefused(f"cannot read {what} {path}: nested deeper than {MAX_DEPTH} levels")
     return value
 
 
@@ -128,11 +128,11 @@ def read_yaml(path: str | os.PathLike, limit: int = PRESET_BYTES, what: str = "c
         def compose_node(self, parent, index):
             if self.check_event(yaml.AliasEvent):
                 mark = self.peek_event().start_mark
-                raise FileRefused(f"{what} {path}: line {mark.line + 1}: YAML aliases (*name) are not accepted "
+                raise FileRefused(f"cannot read {what} {path}: line {mark.line + 1}: YAML aliases (*name) are not accepted "
                                   "in a preset: write the value out")  # fmt: skip
             self.depth += 1
             if self.depth > MAX_DEPTH:
-                raise FileRefused(f"{what} {path}: nested deeper than {MAX_DEPTH} levels")
+                raise FileRefused(f"cannot read {what} {path}: nested deeper than {MAX_DEPTH} levels")
             try:
                 return super().compose_node(parent, index)
             finally:
@@ -144,7 +144,7 @@ def read_yaml(path: str | os.PathLike, limit: int = PRESET_BYTES, what: str = "c
     except yaml.YAMLError as exc:
         raise FileRefused(f"cannot read {what} {path}: {' '.join(str(exc).split())[:300]}") from None
     except RecursionError:
-        raise FileRefused(f"{what} {path}: nested too deeply") from None
+        raise FileRefused(f"cannot read {what} {path}: nested too deeply") from None
     finally:
         loader.dispose()
 

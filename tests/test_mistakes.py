@@ -38,7 +38,7 @@ def checkpoint(folder: Path, step: int, r: int = 16) -> Path:
     return path
 
 
-def finished_run(folder: Path) -> Path:
+def finished_run(folder: Path, recorded: bool = True) -> Path:
     """An output folder as a finished CPU-demo run leaves it (the files that matter here)."""
     checkpoint(folder, 2)
     checkpoint(folder, 4)
@@ -46,6 +46,9 @@ def finished_run(folder: Path) -> Path:
     (folder / "final" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "tiny"}))
     (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": 1.0}) + "\n" for s in (1, 2, 3, 4)))
     (folder / "training.log").write_text("the earlier run\n")
+    if recorded:  # the record a run of this train_2048 keeps of what it wrote (run_folder.take)
+        claims = [*run_folder.RUN_NAMES, "checkpoint-2", "checkpoint-4"]
+        run_folder.write_manifest(folder, sorted(claims), create=True)
     return folder
 
 
@@ -288,17 +291,52 @@ def test_a_second_run_is_refused_before_anything_is_written(place, capsys, monke
     assert snapshot(place / "outputs") == before
 
 
-def test_overwrite_deletes_only_what_a_run_writes(tmp_path):
-    run = finished_run(tmp_path / "run")
-    (run / "strategies").symlink_to(".strategies-4-x")
-    (run / ".strategies-4-x").mkdir()
-    for name in ("runs", "sft", "tiny-model", "final-merged_16bit", "final.tmp"):
-        (run / name).mkdir()
-    (run / "notes.txt").write_text("mine")  # the user's own file in the same folder
-    (run / "data").mkdir()
-    assert run_folder.holds_a_run(run)
-    run_folder.clear_run(run)
-    assert sorted(p.name for p in run.iterdir()) == ["data", "notes.txt"] and not run_folder.holds_a_run(run)
+def test_overwrite_deletes_only_what_the_run_recorded(tmp_path):
+    """--overwrite_output_dir deletes what the run's record claims, nothing else: the user's files before and after
+    it, names like a run's included (the hostile corpus of issue 46), and never what a link points to."""
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    mine = {"README.md": "mine", "final-report.md": "r", "checkpoint-notes.txt": "n", "final.pdf": "p",
+            "final.bak/a": "b", "sft/a": "s", "runs/other-project/events": "e", "tiny-model-v2/config.json": "{}"}  # fmt: skip
+    for name, text in mine.items():
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text(text)
+    os.close(run_folder.take(run, overwrite=False))  # the run starts: its record claims what it will write
+    run_folder.claim(run, "runs/Nov28_host")
+    (run / "runs" / "Nov28_host").mkdir()
+    run_folder.claim(run, "checkpoint-2")
+    checkpoint(run, 2)
+    (run / "final").mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    (run / "training.log").write_text("log\n")
+    (run / ".strategies-2-x").mkdir()
+    (run / "strategies").symlink_to(".strategies-2-x")
+    (outside / "keep").mkdir(parents=True)
+    (outside / "keep" / "data").write_text("outside")
+    (run / "tiny-model").symlink_to(outside / "keep")  # a claimed name turned into a link: the link goes, not its target
+    mine |= {"notes-after.txt": "later", "final-report-2.md": "later"}  # the user's files added beside the run
+    (run / "notes-after.txt").write_text("later")
+    (run / "final-report-2.md").write_text("later")
+    run_folder.check_folder(run, fresh=True, overwrite=True, resume=False)
+    os.close(run_folder.take(run, overwrite=True))
+    assert {name: (run / name).read_text() for name in mine} == mine
+    left = {p.name for p in run.iterdir()} - {n.split("/")[0] for n in mine}
+    assert left == {run_folder.MANIFEST, run_folder.LOCK}, left
+    assert sorted(p.name for p in (run / "runs").iterdir()) == ["other-project"]
+    assert (outside / "keep" / "data").read_text() == "outside"
+
+
+def test_a_folder_of_a_run_without_its_record_is_refused_not_guessed_at(tmp_path, capsys):
+    """An older train_2048's run (no record): --overwrite_output_dir deletes nothing and says why; --resume auto
+    adopts it."""
+    run = finished_run(tmp_path / "run", recorded=False)
+    before = snapshot(run)
+    with pytest.raises(SystemExit) as stop:
+        train_2048.main(["--config", DEMO, "--output_dir", str(run), "--overwrite_output_dir", "true"])
+    line = one_line(capsys, "train_2048")
+    assert stop.value.code == 2 and "no record of what a run wrote there" in line and snapshot(run) == before
+    os.close(run_folder.take(run, overwrite=False))  # what --resume auto does once its checks pass
+    claims = run_folder.read_manifest(run)["claims"]
+    assert {"checkpoint-2", "checkpoint-4", "final", "metrics.jsonl", "training.log"} <= set(claims)
 
 
 def test_resume_auto_skips_damaged_checkpoints_and_names_them(tmp_path):
