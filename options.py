@@ -92,6 +92,84 @@ def preset_env(config: dict, source: str) -> dict[str, str]:
     return checked
 
 
+# --- ranges: every number a run relies on, checked under the option's own name before anything is written ---------
+
+
+def _at_least(n):
+    return (lambda v: v >= n), f"at least {n}"
+
+
+def _above(n):
+    return (lambda v: v > n), f"above {n}"
+
+
+# Each option a run relies on (ours, TRL's GRPOConfig, transformers' TrainingArguments, TRL's ModelConfig for PEFT),
+# with what it accepts. A float must also be finite (NaN passes every `<` and `>` test as false: checked apart).
+RANGES = {
+    # train_2048's own (ScriptArguments)
+    "max_seq_length": _at_least(1), "dataset_size": _at_least(1), "sft_epochs": _above(0),
+    "sft_learning_rate": _above(0), "overlong_penalty": _at_least(0), "cpu_threads": _at_least(0),
+    "sample_steps": _at_least(1), "num_samples": _at_least(1), "eval_samples": _at_least(1), "eval_games": _at_least(1),
+    "archive_size": _at_least(0), "archive_games": _at_least(0),
+    "archive_budget": ((lambda v: 0 < v <= 1), "a share of the step's time, above 0 and at most 1"),
+    # TRL's GRPOConfig and transformers' TrainingArguments
+    "max_steps": ((lambda v: v == -1 or v >= 1), "at least 1 (or -1: --num_train_epochs over --dataset_size)"),
+    "num_train_epochs": _above(0), "per_device_train_batch_size": _at_least(1),
+    "per_device_eval_batch_size": _at_least(1), "gradient_accumulation_steps": _at_least(1),
+    "learning_rate": _above(0), "weight_decay": _at_least(0), "max_grad_norm": _at_least(0),
+    "warmup_ratio": ((lambda v: 0 <= v < 1), "a share of the run, at least 0 and below 1"),
+    "seed": ((lambda v: 0 <= v < 2**32), "between 0 and 2^32 - 1"),
+    "logging_steps": _above(0), "save_steps": _above(0), "eval_steps": _above(0),
+    "temperature": _above(0), "top_p": ((lambda v: 0 < v <= 1), "above 0 and at most 1"),
+    "max_completion_length": _at_least(1), "max_prompt_length": _at_least(1), "num_iterations": _at_least(1),
+    "beta": _at_least(0), "epsilon": _above(0), "steps_per_generation": _at_least(1),
+    "generation_batch_size": _at_least(1),
+    # TRL's ModelConfig: the LoRA adapters (PEFT)
+    "lora_r": _at_least(1), "lora_alpha": _above(0),
+    "lora_dropout": ((lambda v: 0 <= v < 1), "a probability, at least 0 and below 1"),
+}  # fmt: skip
+# Options of our own with no range to check, and why.
+NO_RANGE = {
+    "backend": "one of its choices (argparse refuses others)",
+    "offload_embedding": "true or false",
+    "warm_start": "true or false",
+    "resume": "auto or a checkpoint: run_folder.resume_point checks the checkpoint",
+    "overwrite_output_dir": "true or false",
+    "save_method": "one of its choices (argparse refuses others)",
+    "verify_save": "true or false",
+    "fast_generation": "true or false",
+    "truncated": "one of its choices (argparse refuses others)",
+    "profile": "one of its choices (RewardSettings refuses others)",
+    "games": "RewardSettings refuses fewer than 1",
+    "answer_time_limit": "RewardSettings refuses what is not a positive number",
+    "game_salt": "any text (a secret)",
+    "require_seccomp": "true or false",
+    "size": "sandbox.Game builds a board with it (game2048.GameBoard refuses a bad board)",
+    "target": "sandbox.Game builds a board with it (game2048.GameBoard refuses a bad board)",
+    "probability_fours": "sandbox.Game builds a board with it (game2048.GameBoard refuses a bad board)",
+    "keys": "sandbox.Game builds a board with it (game2048.GameBoard refuses a bad board)",
+    "max_moves": "sandbox.Game refuses what is not an int >= 0",
+    "move_time_limit": "sandbox.Game refuses what is not a positive number",
+    "game_time_limit": "sandbox.Game refuses what is not a positive number",
+    "memory_limit_mb": "sandbox.Game refuses less than 64",
+}
+
+
+def out_of_range(namespace: argparse.Namespace) -> str | None:
+    """The first option whose value is outside RANGES (or a float that is not finite), in one line; None if none."""
+    import math
+
+    for name, (accepts, said) in RANGES.items():
+        value = getattr(namespace, name, None)
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"--{name} {value}: must be a finite number, {said}"
+        if not accepts(value):
+            return f"--{name} {value:g}: must be {said}"
+    return None
+
+
 def long_flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     """Each option by its name (`--name`, the spelling a YAML key takes), the --no_name switches left out."""
     return {a.dest: a for a in parser._actions if f"--{a.dest}" in a.option_strings}

@@ -8,6 +8,7 @@ when everything a resume reads is whole.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -102,7 +103,7 @@ def check_folder(output_dir: Path, *, fresh: bool, overwrite: bool, resume: bool
                             "--output_dir")  # fmt: skip
     starting_over = fresh and overwrite
     for name in held:
-        if (output_dir / name).is_symlink() and not (starting_over and name in claims):
+        if foreign_link(output_dir / name) and not (starting_over and name in claims):
             raise FolderRefused(f"output_dir {output_dir}: {name} is a symbolic link ({os.readlink(output_dir / name)}): "
                                 "train_2048 never writes through a link it did not make; move it")  # fmt: skip
     for name in RUN_NAMES:
@@ -115,9 +116,16 @@ def check_folder(output_dir: Path, *, fresh: bool, overwrite: bool, resume: bool
         if not ours:
             raise FolderRefused(f"output_dir {output_dir} holds {name}, which no run of train_2048 recorded writing: a "
                                 "run would write into it: move it, or give another --output_dir")  # fmt: skip
-        if path.is_symlink() and not (name == "strategies" and os.readlink(path).startswith(".strategies-")):
+        if foreign_link(path):
             raise FolderRefused(f"output_dir {output_dir}: {name} is a symbolic link ({os.readlink(path)}): "
                                 "train_2048 never writes through a link it did not make; move it")  # fmt: skip
+
+
+def foreign_link(path: Path) -> bool:
+    """A symbolic link a run did not make: every link but `strategies`, the archive's link to its latest copy."""
+    if not path.is_symlink():
+        return False
+    return not (path.name == "strategies" and os.readlink(path).startswith(".strategies-") and "/" not in os.readlink(path))
 
 
 def lock_holder(output_dir: Path) -> str | None:
@@ -206,10 +214,14 @@ def clear_run(output_dir: Path) -> None:
     """--overwrite_output_dir: exactly what the earlier run recorded writing goes (and our temporary names), never
     through a symbolic link, so nothing of it mixes with the new run's; then its record."""
     claims = read_manifest(output_dir)["claims"]
-    for name in claims:
+    for name in sorted(claims, reverse=True):  # runs/<folder> before runs
         path = output_dir / name
         if path.parent != output_dir and path.parent.is_symlink():
             continue  # runs/ replaced by a link since: what it points to is not the run's
+        if name == "runs" and path.is_dir() and not path.is_symlink():
+            with contextlib.suppress(OSError):
+                path.rmdir()  # the run made runs/, but a folder the user put in it since stays, and runs/ with it
+            continue
         remove(path)
     for path in output_dir.iterdir():
         if path.name.startswith(OURS) and path.name not in (LOCK, MANIFEST):
@@ -317,7 +329,7 @@ def checkpoint_damage(path: Path) -> str | None:
             return f"{file.name} is damaged (not a whole torch file: cut short, or overwritten)"
         if bad is not None:
             return f"{file.name} is damaged (its part {bad} fails its checksum)"
-        problem = weights_only_problem(file)
+        problem = weights_only_problem(file) if file.name != "training_args.bin" else None  # resume never loads it
         if problem:
             return f"{file.name} cannot be loaded as data ({problem})"
     return None

@@ -25,7 +25,6 @@ import dataclasses
 import difflib
 import importlib.metadata
 import importlib.util
-import json
 import logging
 import os
 import re
@@ -264,9 +263,9 @@ def parse_args(argv: list[str]):
                 raise options.OptionError(f"{path}: unknown key {key}" + (f" (did you mean {close[0]}?)" if close else
                                           " (train_2048.py --help lists every option)"))  # fmt: skip
         namespace, given = options.parse(parser, config, rest, path)
-        groups = group_problem(namespace)
-        if groups:
-            raise options.OptionError(groups)
+        problem = options.out_of_range(namespace) or group_problem(namespace)
+        if problem:
+            raise options.OptionError(problem)
         try:
             script_args, settings, training_args, model_args = options.build(parser, namespace)
         except (ValueError, TypeError) as exc:  # a value or combination GRPOConfig or RewardSettings refuses
@@ -312,17 +311,10 @@ def group_problem(namespace: argparse.Namespace) -> str | None:
 
 def check_options(script_args, training_args, model_args, given: set[str]) -> None:
     """Ranges and conflicts of our options, and the TRL/transformers ones that ours depend on."""
+    if not str(training_args.output_dir or "").strip():
+        raise options.OptionError(f"--output_dir {training_args.output_dir!r}: must name a folder (outputs/my-run, say)")
     if not model_args.model_name_or_path:
         raise options.OptionError(f"--model_name_or_path is required ({models.TINY}: the CPU demo's model)")
-    for name in ("eval_samples", "eval_games"):
-        if getattr(script_args, name) < 1:
-            raise options.OptionError(f"--{name} {getattr(script_args, name)}: must be >= 1")
-    for name in ("archive_size", "archive_games"):
-        if getattr(script_args, name) < 0:
-            raise options.OptionError(f"--{name} {getattr(script_args, name)}: must be >= 0")
-    if not 0 < script_args.archive_budget <= 1:
-        raise options.OptionError(f"--archive_budget {script_args.archive_budget:g}: a share of the step's time, "
-                                  "above 0 and at most 1")  # fmt: skip
     if not 0 <= script_args.overlong_penalty < training_args.max_completion_length:
         raise options.OptionError(f"--overlong_penalty {script_args.overlong_penalty}: must be >= 0 and below "
                                   f"--max_completion_length ({training_args.max_completion_length})")  # fmt: skip
@@ -435,10 +427,14 @@ def check_adapter_shape(checkpoint: Path, model_args) -> None:
     config_file = checkpoint / "adapter_config.json"
     if not model_args.use_peft or not config_file.is_file():
         return
+    import user_files
+
     try:
-        saved = json.loads(config_file.read_text())
-    except (OSError, ValueError) as exc:
-        die(f"--resume: {config_file} cannot be read ({type(exc).__name__})")
+        saved = user_files.read_json(config_file, what="adapter_config.json")
+    except user_files.FileRefused as exc:
+        die(f"--resume: {exc}")
+    if not isinstance(saved, dict):
+        die(f"--resume: {config_file} is not a mapping of LoRA settings")
     for option, key in (("lora_r", "r"), ("lora_alpha", "lora_alpha")):
         if key in saved and saved[key] != getattr(model_args, option):
             die(f"--{option} {getattr(model_args, option)}: {checkpoint} was trained with --{option} {saved[key]}; "
@@ -835,7 +831,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     writer = None
     if state.is_main_process and "tensorboard" in training_args.report_to:
         writer = grpo.tensorboard_writer(output_dir)
-        run_folder.claim(output_dir, Path(writer.log_dir).relative_to(output_dir).as_posix())  # in a runs/ of the user's
+        run_folder.claim(output_dir, Path(writer.log_dir).relative_to(output_dir).as_posix())  # its own folder in runs/
     if script_args.warm_start and checkpoint is None:
         warm_start(model, tokenizer, prompt, script_args, training_args, state, output_dir, writer)
 

@@ -82,7 +82,50 @@ def place(tmp_path_factory):
     (root / "damaged-weights" / "model.safetensors").write_bytes(b"not a tensor")
     (root / "adapter").mkdir()
     (root / "adapter" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "org/base"}))
+    hostile_files(root)
     return root
+
+
+class Shell:
+    """A pickle that runs a shell command when it is loaded (the marker file says whether it ran)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def hostile_files(root: Path) -> None:
+    """Files a user may be handed (issue 47): presets that hang, flood, explode or run a command; checkpoints whose
+    torch files would run a command, or whose safetensors header claims an enormous tensor; output folders whose
+    log is a link out, or a file of the user's."""
+    import torch
+
+    os.mkfifo(root / "fifo.yaml")
+    (root / "huge.yaml").write_text("# padding\n" * 200_000)
+    (root / "aliases.yaml").write_text("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
+                                       "c: [*b, *b, *b, *b, *b, *b, *b, *b]\n")  # fmt: skip
+    (root / "deep.yaml").write_text("max_steps: " + "[" * 5000 + "]" * 5000 + "\n")
+    demo = Path(DEMO).read_text()
+    (root / "wrap.yaml").write_text(demo + f"\nenv:\n  TRAIN2048_SANDBOX_WRAP: touch {root / 'wrapped'}\n")
+    (root / "preload.yaml").write_text(demo + "\nenv:\n  LD_PRELOAD: /tmp/evil.so\n")
+    (root / "env-value.yaml").write_text(demo + "\nenv:\n  PYTORCH_CUDA_ALLOC_CONF: \"$(touch x)\"\n")
+    pickled = finished_run(root / "pickled")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({"state": Shell(root / "pickle-ran")}, pickled / "checkpoint-4" / name)
+    bomb = checkpoint(root / "bomb", 6)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 32]}}).encode()
+    (bomb / "adapter_model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(32))
+    (root / "log-link").mkdir()
+    (root / "log-link" / "training.log").symlink_to(root / "outside.log")
+    (root / "user-log").mkdir()
+    (root / "user-log" / "training.log").write_text("my own notes\n")
+    (root / "user-model").mkdir()
+    (root / "user-model" / "tiny-model").mkdir()
+    linked = finished_run(root / "linked-final")
+    (linked / "final").rename(root / "elsewhere")
+    (linked / "final").symlink_to(root / "elsewhere")
 
 
 # Each preset: the demo's keys, then one key of its own (the last value of a key wins in YAML).
@@ -151,10 +194,20 @@ TRAIN = [
     ("board", ["--size", "1"], ["size"]),
     ("target", ["--target", "100"], ["target"]),
     ("keys", ["--keys", "WWSD"], ["keys"]),
-    ("eval-samples", ["--eval_samples", "0"], ["--eval_samples 0", ">= 1"]),
+    ("eval-samples", ["--eval_samples", "0"], ["--eval_samples 0", "at least 1"]),
     ("archive-budget", ["--archive_budget", "1.5"], ["--archive_budget 1.5", "at most 1"]),
     ("overlong", ["--overlong_penalty", "96"], ["--overlong_penalty 96", "--max_completion_length (96)"]),
     ("archive-games", ["--archive_games", "100000000"], ["--archive_games 100000000", "nothing would ever be ranked"]),
+    # values at their edges (issue 48): each named as given, before anything is written
+    *[(f"range-{flag}-{value}", [f"--{flag}", value], [f"--{flag} {value}: must be", said]) for flag, value, said in (
+        ("per_device_train_batch_size", "0", "at least 1"), ("learning_rate", "-1", "above 0"),
+        ("seed", "-1", "between 0"), ("temperature", "0", "above 0"), ("max_seq_length", "0", "at least 1"),
+        ("dataset_size", "0", "at least 1"), ("max_steps", "0", "at least 1"), ("sft_epochs", "-1", "above 0"),
+        ("beta", "-1", "at least 0"), ("num_samples", "-1", "at least 1"), ("save_steps", "0", "above 0"),
+        ("eval_steps", "0", "above 0"), ("gradient_accumulation_steps", "0", "at least 1"),
+        ("max_completion_length", "0", "at least 1"), ("lora_r", "0", "at least 1"),
+        ("lora_dropout", "2", "a probability"), ("learning_rate", "nan", "a finite number"))],  # fmt: skip
+    ("output-dir-empty", ["--output_dir", ""], ["--output_dir ''", "must name a folder"]),
     # options that contradict each other
     ("two-resumes", ["--resume", "auto", "--resume_from_checkpoint", "{root}/run/checkpoint-2"],
      ["--resume auto and --resume_from_checkpoint", "give one"]),  # fmt: skip
@@ -187,6 +240,28 @@ TRAIN = [
     ("second-run-other-options", ["--output_dir", "{root}/run", "--max_steps", "3", "--seed", "1"], ["holds a run"]),
     ("resume-nothing-loadable", ["--output_dir", "{root}/damaged", "--resume", "auto"],
      ["no checkpoint that can be loaded", "checkpoint-4 is skipped", "checkpoint-2 is skipped"]),  # fmt: skip
+    # files a user hands the project (issue 47): each refused before it is read whole, nothing run
+    ("preset-dev-zero", ["--config", "/dev/zero"], ["cannot read config /dev/zero", "a character device"]),
+    ("preset-fifo", ["--config", "{root}/fifo.yaml"], ["fifo.yaml", "FIFO"]),
+    ("preset-folder", ["--config", "{root}/run"], ["cannot read config", "a folder"]),
+    ("preset-huge", ["--config", "{root}/huge.yaml"], ["huge.yaml", "2 MB, above the 1 MB"]),
+    ("preset-aliases", ["--config", "{root}/aliases.yaml"], ["aliases.yaml", "line 2", "aliases"]),
+    ("preset-deep", ["--config", "{root}/deep.yaml"], ["deep.yaml", "nested deeper than 32"]),
+    ("preset-sandbox-wrap", ["--config", "{root}/wrap.yaml"], ["wrap.yaml: env: TRAIN2048_SANDBOX_WRAP", "may set only"]),
+    ("preset-preload", ["--config", "{root}/preload.yaml"], ["env: LD_PRELOAD", "may set only"]),
+    ("preset-env-value", ["--config", "{root}/env-value.yaml"], ["env: PYTORCH_CUDA_ALLOC_CONF", "not a plain setting"]),
+    ("resume-pickle", ["--resume", "{root}/pickled/checkpoint-4"],
+     ["optimizer.pt cannot be loaded as data", "UnpicklingError"]),  # fmt: skip
+    ("resume-bomb-header", ["--resume", "{root}/bomb/checkpoint-6"],
+     ["adapter_model.safetensors is damaged", "does not fill bytes"]),  # fmt: skip
+    # output folders: a link, or a file a run would write that is the user's
+    ("log-is-a-link", ["--output_dir", "{root}/log-link"], ["training.log, which no run of train_2048 recorded"]),
+    ("log-is-the-users", ["--output_dir", "{root}/user-log"], ["training.log, which no run", "move it"]),
+    ("model-folder-is-the-users", ["--output_dir", "{root}/user-model"], ["tiny-model, which no run"]),
+    ("final-is-a-link", ["--output_dir", "{root}/linked-final", "--resume", "auto"], ["final is a symbolic link"]),
+    # a resume past the run's end
+    ("resume-past-the-end", ["--resume", "{root}/run/checkpoint-4", "--output_dir", "{root}/run", "--max_steps", "3"],
+     ["--max_steps 3", "at step 4 already", "raise --max_steps above 4"]),  # fmt: skip
     # a checkpoint that does not fit the options
     ("resume-other-rank", ["--output_dir", "{root}/run", "--resume", "auto", "--lora_r", "8"],
      ["--lora_r 8", "trained with --lora_r 16"]),  # fmt: skip
@@ -224,6 +299,19 @@ def test_train_2048_mistake(place, case, capsys):
         assert word in line, line
     assert not out.exists()
     assert {folder: snapshot(place / folder) for folder in runs} == runs  # nothing of an earlier run touched
+    assert not (place / "wrapped").exists() and not (place / "pickle-ran").exists()  # nothing a file holds ran
+    assert not (place / "outside.log").exists()  # nothing written through a link
+
+
+def test_a_finished_run_resumed_trains_nothing_and_replaces_nothing(place, capsys):
+    """--resume auto on a run at its --max_steps: one line, exit status 0, every file as it was. The newest
+    checkpoint here holds pickles that would run a command: skipped as damaged, never loaded."""
+    before = snapshot(place / "pickled")
+    argv = ["--config", DEMO, "--output_dir", str(place / "pickled"), "--resume", "auto", "--max_steps", "2"]
+    assert train_2048.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "finished at step 2 of --max_steps 2" in out and "raise --max_steps above 2" in out, out
+    assert snapshot(place / "pickled") == before and not (place / "pickle-ran").exists()
 
 
 EVALUATE = [
@@ -384,3 +472,19 @@ def test_archive_games_that_only_slow_steps_can_rescore_are_said_at_start():
     assert line.startswith("--archive_games 100000: re-scoring one strategy takes at least") and "on faster steps" in line
     for games in ("0", "4"):  # the evaluation's games, and the demo's pace
         assert train_2048.check_archive_games(train_2048.parse_args(["--config", DEMO, "--archive_games", games])[0]) is None
+
+
+def test_every_option_of_ours_has_a_range_or_a_reason_it_needs_none():
+    """options.RANGES or options.NO_RANGE names every field of train_2048's own options and the game's; and each
+    range refuses a value outside it (a range that accepts everything is no check)."""
+    import dataclasses
+
+    import rewards
+
+    ours = {f.name for cls in (train_2048.ScriptArguments, rewards.RewardSettings) for f in dataclasses.fields(cls)}
+    import options
+
+    assert ours - set(options.RANGES) - set(options.NO_RANGE) == set()
+    assert not set(options.RANGES) & set(options.NO_RANGE)
+    for name, (accepts, _said) in options.RANGES.items():
+        assert not all(accepts(v) for v in (-(2**40), -1, 0, 0.5, 1, 2, 2**40)), name

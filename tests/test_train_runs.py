@@ -71,10 +71,23 @@ def custom_scalars(events) -> list[list[str]]:
     return [sorted(t for t in scalars if any(re.match(r, t) for r in chart.multiline.tag)) for chart in category.chart]
 
 
+# The user's own files in the run's folder (issue 46's hostile corpus): no run writes, replaces or deletes them.
+USERS_FILES = {"README.md": "# my project\n", "final-report.md": "mine", "checkpoint-notes.txt": "mine",
+               "final.bak/adapter_config.json": "{}", "sft/notes": "mine", "tiny-model-v2/config.json": "{}",
+               "final.pdf": "%PDF"}  # fmt: skip
+
+
+def users_files(out: Path) -> dict:
+    return {name: (out / name).read_text() for name in USERS_FILES if (out / name).is_file()}
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
     """4 uninterrupted steps, evaluated every 2, saved as LoRA and merged_16bit: the reference for everything below."""
     out = tmp_path_factory.mktemp("full") / "out"
+    for name, text in USERS_FILES.items():  # a folder of the user's own, names like a run's included
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
     result = train(*SHORT, *SALT, *EVAL, "--output_dir", str(out), "--save_method", "merged_16bit")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out, result
@@ -82,6 +95,10 @@ def full_run(tmp_path_factory):
 
 def test_outputs_layout(full_run):
     out, _ = full_run
+    assert users_files(out) == USERS_FILES  # TRL's model card went nowhere near the user's README.md
+    claims = set(json.loads((out / ".train_2048-run.json").read_text())["claims"])
+    assert {"checkpoint-2", "checkpoint-4", "final", "training.log", "runs", "strategies"} <= claims
+    assert not claims & set(USERS_FILES), claims
     names = {p.name for p in out.iterdir()}
     assert {"training.log", "metrics.jsonl", "runs", "checkpoint-2", "checkpoint-4", "final", "tiny-model"} <= names
     assert "strategies" in names and (out / "strategies" / "index.json").exists()
@@ -303,7 +320,8 @@ def test_resuming_with_other_adapters_is_one_line(full_run, tmp_path, capsys):
     out = tmp_path / "out"
     shutil.copytree(reference, out, symlinks=True)
     before = {name: snapshot(out / name) for name in ("checkpoint-2", "checkpoint-4", "final")}
-    argv = [*SHORT, "--output_dir", str(out), "--resume", "auto", "--lora_target_modules", "q_proj", "v_proj"]
+    argv = [*SHORT, "--max_steps", "6", "--output_dir", str(out), "--resume", "auto", "--lora_target_modules",
+            "q_proj", "v_proj"]  # fmt: skip
     with pytest.raises(SystemExit) as stop:
         train_2048.main(argv)
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
@@ -322,6 +340,12 @@ def test_a_run_over_a_finished_one_then_a_full_disk_then_resume(full_run, tmp_pa
     reference, _ = full_run
     out = tmp_path / "out"
     shutil.copytree(reference, out, symlinks=True)
+    (out / "notes-after-the-run.txt").write_text("mine")  # the user's, beside the finished run
+    (out / "runs" / "other-project").mkdir()
+    (out / "elsewhere").mkdir()
+    (out / "elsewhere" / "keep").write_text("mine")
+    shutil.rmtree(out / "tiny-model")  # a name the run claimed, now a link to the user's folder: the link goes
+    (out / "tiny-model").symlink_to(out / "elsewhere")
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "train_2048.py"), *SHORT, *SALT, "--warm_start", "false", "--output_dir", str(out),
          "--overwrite_output_dir", "true"],
@@ -338,6 +362,8 @@ def test_a_run_over_a_finished_one_then_a_full_disk_then_resume(full_run, tmp_pa
     names = {p.name for p in out.iterdir()}
     assert "checkpoint-2" in names and not names & {"checkpoint-4", "final", "final-merged_16bit"}, names
     assert "final-merged_16bit" not in (out / "training.log").read_text()  # the earlier run's log went with it
+    assert users_files(out) == USERS_FILES and (out / "notes-after-the-run.txt").read_text() == "mine"
+    assert (out / "elsewhere" / "keep").read_text() == "mine" and (out / "runs" / "other-project").is_dir()
     assert metrics(out, "eval_valid_rate") == []  # the earlier run evaluated; this one does not
 
     # A newer checkpoint that cannot be loaded, beside it (a copy whose optimizer state is cut short): skipped, named.
@@ -351,6 +377,32 @@ def test_a_run_over_a_finished_one_then_a_full_disk_then_resume(full_run, tmp_pa
     assert "checkpoint-4 is skipped: optimizer.pt is damaged" in result.stdout
     assert f"resuming from {out / 'checkpoint-2'}" in result.stdout
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4] and (out / "final").is_dir()
+
+
+def test_a_second_run_into_a_live_runs_folder_is_refused_and_a_killed_runs_lock_is_not(tmp_path):
+    """Two runs into one folder: the second is refused in one line that names the live one, before it writes
+    anything; once the first is killed (-9), its lock is gone with it and the folder can be continued."""
+    import run_folder
+
+    out = tmp_path / "out"
+    first = subprocess.Popen(
+        [sys.executable, str(REPO / "train_2048.py"), *SHORT, "--max_steps", "1000", "--output_dir", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV,
+    )  # fmt: skip
+    try:
+        for line in first.stdout:
+            if line.startswith("train_2048: "):  # it holds the folder
+                break
+        before = {p.name for p in out.iterdir()}
+        second = train(*SHORT, "--output_dir", str(out), "--overwrite_output_dir", "true", timeout=300)
+        last = [line for line in second.stderr.splitlines() if line.strip()][-1]
+        assert second.returncode == 2 and f"in use by a running train_2048 (pid {first.pid} on" in last, last
+        assert {p.name for p in out.iterdir()} == before
+    finally:
+        first.kill()
+        first.wait()
+    assert run_folder.lock_holder(out) is None
+    run_folder.check_folder(out, fresh=False, overwrite=False, resume=True)  # --resume auto may go on
 
 
 def test_warnings_for_no_learning_signal_and_clipped_completions(tmp_path):
