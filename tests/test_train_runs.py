@@ -397,7 +397,7 @@ def test_a_second_run_into_a_live_runs_folder_is_refused_and_a_killed_runs_lock_
         second = train(*SHORT, "--output_dir", str(out), "--overwrite_output_dir", "true", timeout=300)
         last = [line for line in second.stderr.splitlines() if line.strip()][-1]
         assert second.returncode == 2 and f"in use by a running train_2048 (pid {first.pid} on" in last, last
-        assert {p.name for p in out.iterdir()} == before
+        assert before <= {p.name for p in out.iterdir()}  # nothing of the live run's deleted (it writes on meanwhile)
     finally:
         first.kill()
         first.wait()
