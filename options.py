@@ -1,4 +1,6 @@
-"""The options of train_2048.py and evaluate_2048.py: the command line and a YAML preset read as one.
+"""The options of train_2048.py and evaluate_2048.py: the command line and a YAML preset read as one, and for
+train_2048.py the whole way from argv to a checked plan (`plan()`): every check that needs no model, before anything
+is written or loaded.
 
 argparse converts and checks strings only, and a preset's values handed to it as defaults (TRL's way) skip every
 check: a list, a float or `null` for an integer went through and failed an hour later. Here each key of the file
@@ -12,9 +14,30 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import importlib.metadata
+import importlib.util
 import json
+import logging
+import os
 import re
 import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import models
+import rewards
+import run_folder
+import sandbox
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_CONFIG = HERE / "configs" / "gpt-oss-20b.yaml"
+REAL_GPT_OSS = re.compile(r"gpt-oss-(20|120)b", re.I)  # checkpoints no CPU can train
+# Unsloth (2026.10.9) writes mxfp4 through llm-compressor, which runs with transformers up to this version only
+# (unsloth/save.py, _LLM_COMPRESSOR_MAX_TRANSFORMERS; tests/unsloth checks it): above it the save fails after training.
+MXFP4_MAX_TRANSFORMERS = "4.57.6"
+MAX_STEP_SECONDS = 3600  # no preset's GRPO step comes near an hour (GPT-OSS-20B on a DGX Spark: ~90 s)
+log = logging.getLogger("train_2048")
 
 
 class OptionError(Exception):
@@ -278,3 +301,442 @@ def build(parser, namespace: argparse.Namespace) -> tuple:
         cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.init and f.name in values})
         for cls in parser.dataclass_types
     )
+
+
+# --- train_2048: argv to a checked plan -------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """A run with every option checked and nothing written yet: train_2048.train() carries it out."""
+
+    script_args: ScriptArguments
+    settings: rewards.RewardSettings
+    training_args: typing.Any  # TRL's GRPOConfig
+    model_args: typing.Any  # TRL's ModelConfig
+    backend: str
+    checkpoint: Path | None  # the checkpoint to continue from; None: a fresh start
+    notes: list[str]  # lines to log once logging starts (checkpoints skipped, archive games too many for fast steps)
+    merge_source: str | None  # the 16-bit base --save_method merged_16bit merges into
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.training_args.output_dir)
+
+
+def plan(argv: list[str], backend: str, description: str | None = None) -> Plan:
+    """Every option read and checked, with what it names (paths, the output folder, the resume point, the hub, the
+    sandbox, the merge source): OptionError, one line, otherwise. Nothing is written or loaded."""
+    script_args, settings, training_args, model_args = parse_args(argv, description)
+    checkpoint, notes = check_before_loading(script_args, settings, training_args, model_args, backend)
+    merge_source = check_merge_source(script_args, model_args, Path(training_args.output_dir))
+    return Plan(script_args, settings, training_args, model_args, backend, checkpoint, notes, merge_source)
+
+
+def one_line(exc: BaseException | None, limit: int = 200) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
+
+
+@dataclass
+class ScriptArguments:
+    """train_2048's own options (TRL's GRPOConfig and ModelConfig bring the rest)."""
+
+    _argument_group_name = "train_2048"  # a --help section of its own
+
+    backend: Literal["auto", "unsloth", "transformers"] = field(
+        default="auto",
+        metadata={
+            "help": "unsloth: Unsloth's FastLanguageModel (one CUDA GPU). transformers: transformers + PEFT "
+            "(CPU, multi-GPU). auto: unsloth when it is installed and one CUDA GPU is used, else transformers."
+        },
+    )
+    max_seq_length: int = field(default=1536, metadata={"help": "Longest prompt + completion (Unsloth)."})
+    offload_embedding: bool = field(
+        default=False, metadata={"help": "Keep the embedding matrix in CPU memory (Unsloth, saves ~1 GB)."}
+    )
+    dataset_size: int = field(default=1000, metadata={"help": "Rows of the prompt dataset (the same prompt)."})
+    warm_start: bool = field(
+        default=False,
+        metadata={"help": "Before GRPO, fine-tune (SFT) on the example answers of demo_data.py. Skipped on resume."},
+    )
+    sft_epochs: float = field(default=3.0, metadata={"help": "Epochs of the warm start over the example answers."})
+    sft_learning_rate: float = field(default=2e-4, metadata={"help": "Learning rate of the warm start."})
+    resume: str | None = field(
+        default=None,
+        metadata={
+            "help": "'auto': continue from the latest checkpoint in output_dir that can be loaded (one that cannot is "
+            "skipped and named); or a checkpoint's path."
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "A new run into an output_dir that holds a run is refused (--resume auto continues it); true: "
+            "delete that run's files first (checkpoints, final, strategies, metrics, logs)."
+        },
+    )
+    save_method: Literal["lora", "merged_16bit", "mxfp4"] = field(
+        default="lora",
+        metadata={
+            "help": "At the end, LoRA adapters always go to <output_dir>/final; merged_16bit also merges them into the "
+            "16-bit base, <output_dir>/final-merged_16bit (merge_2048.py). mxfp4 is refused while Unsloth needs "
+            "transformers <= 4.57.6 for it (docs/TRAINING.md)."
+        },
+    )
+    verify_save: bool = field(
+        default=True,
+        metadata={"help": "Check each save against the trained model: tensors and seeded samples (docs/TRAINING.md, Options)."},
+    )
+    fast_generation: bool = field(
+        default=False,
+        metadata={
+            "help": "Generate with generation.py's static-cache decode loop (CUDA graphs on a GPU) instead of "
+            "model.generate; falls back to it, with one warning, where the fast path cannot run."
+        },
+    )
+    truncated: Literal["score", "skip"] = field(
+        default="score",
+        metadata={
+            "help": "A completion cut off at max_completion_length. score: the rewards score it as written (a cut-off "
+            "answer holds no code: -3), which teaches brevity when the budget is short. skip: no reward and no "
+            "gradient (TRL leaves it out of its group's baseline, and mask_truncated_completions out of the loss)."
+        },
+    )
+    overlong_penalty: int = field(
+        default=0,
+        metadata={
+            "help": "DAPO's soft overlong punishment as a fourth reward: 0 to -1 over the last N tokens before "
+            "max_completion_length, -1 beyond (0: off)."
+        },
+    )
+    cpu_threads: int = field(
+        default=0,
+        metadata={
+            "help": "torch threads on the CPU (0: torch's default). A tiny model is fastest on 1, and "
+            "multi-threaded torch slows down badly on a machine shared with other jobs."
+        },
+    )
+    sample_steps: int = field(
+        default=10, metadata={"help": "Every N steps, write sample completions and their rewards to TensorBoard."}
+    )
+    num_samples: int = field(default=4, metadata={"help": "Completions per TensorBoard sample."})
+    eval_samples: int = field(
+        default=4,
+        metadata={
+            "help": "Each evaluation (eval_strategy/eval_steps) samples this many strategies from the current policy "
+            "with the training prompt and a fixed seed, and logs eval/valid_rate, eval/cheat_rate, eval/win_rate, "
+            "eval/max_tile_log2 and eval/mean_score (evaluate_2048.py's protocol)."
+        },
+    )
+    eval_games: int = field(
+        default=4, metadata={"help": "Games each evaluated strategy plays on the training board: the run's held-out "
+                             "games, secret like the training games (training.log names their seeds)."}
+    )
+    archive_size: int = field(
+        default=20,
+        metadata={
+            "help": "The strategy archive: every distinct playable strategy the model writes is kept, and the best N "
+            "go to <output_dir>/strategies/ (one .py each, best.py, index.json) at every save and at the end. 0: off."
+        },
+    )
+    archive_games: int = field(
+        default=0,
+        metadata={
+            "help": "Held-out games (the evaluation's first N, or more of them) that a candidate for the archive's top "
+            "is re-scored on before it is ranked. 0: the evaluation's (--eval_games)."
+        },
+    )
+    archive_budget: float = field(
+        default=0.05,
+        metadata={
+            "help": "Share of each step's time that the archive's re-scoring may take (unused time carries over)."
+        },
+    )
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help keeps the usage examples as written and shows every default."""
+
+
+def config_and_flags(argv: list[str]) -> tuple[str, dict, list[str], dict[str, str]]:
+    """(the preset's path, its mapping, the command line's other words, its checked `env:` mapping); the default
+    preset when none is given. The environment is set only after every option is checked (parse_args)."""
+    path, rest = split_config(argv)
+    path = path or str(DEFAULT_CONFIG)  # plain `python train_2048.py` is the GPT-OSS-20B run
+    config = read_config(path)
+    env = preset_env(config, path)
+    return path, config, rest, env
+
+
+def early_options(argv: list[str]) -> argparse.Namespace:
+    """The few options that decide what to import, read before the full parse: Unsloth must be imported before trl.
+
+    The same words as the full parse (the preset's, then the flags), so both read the same values.
+    """
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    for name in ("backend", "model_name_or_path", "use_cpu", "load_in_4bit"):
+        parser.add_argument(f"--{name}", f"--{name.replace('_', '-')}", nargs="?", const="true", default=None)
+    parser.add_argument("-h", "--help", action="store_true")
+    path, config, rest, _ = config_and_flags(argv)
+    words = [w for ws in config_words(config, parser, path).values() for w in ws]
+    return parser.parse_known_args(words + rest)[0]
+
+
+def truthy(value) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes", "y", "t")
+
+
+def choose_backend(early: argparse.Namespace) -> tuple[str, bool]:
+    """(backend, whether CUDA is used), decided before trl is imported."""
+    import torch
+
+    backend, model_name = str(early.backend or "auto"), str(early.model_name_or_path or "")
+    cuda = not truthy(early.use_cpu) and torch.cuda.is_available()
+    if backend == "auto":
+        one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1  # Unsloth trains on one GPU
+        has_unsloth = importlib.util.find_spec("unsloth") is not None
+        backend = "unsloth" if cuda and one_process and has_unsloth and model_name != models.TINY else "transformers"
+    if early.help:
+        return backend, cuda
+    if not cuda and (REAL_GPT_OSS.search(model_name) or truthy(early.load_in_4bit)):
+        raise OptionError(
+            f"{model_name} needs a CUDA GPU (none is used here); for a run on this machine: "
+            "python train_2048.py --config configs/cpu-demo.yaml"
+        )
+    if backend == "unsloth" and not cuda:
+        raise OptionError("the unsloth backend needs a CUDA GPU; for a run on this machine: --config configs/cpu-demo.yaml")
+    if backend == "unsloth" and importlib.util.find_spec("unsloth") is None:
+        raise OptionError("unsloth is not installed (bash setup.sh installs it on a GPU machine); or use --backend transformers")
+    return backend, cuda
+
+
+def parse_args(argv: list[str], description: str | None = None):
+    """(script_args, reward settings, training_args, model_args): every option read and checked, the preset's values
+    as its flags are, before anything is written or loaded. A mistake is one line and exit status 2."""
+    from transformers import HfArgumentParser
+    from trl import GRPOConfig, ModelConfig
+
+    parser = HfArgumentParser(
+        (ScriptArguments, rewards.RewardSettings, GRPOConfig, ModelConfig),
+        prog="train_2048.py",
+        usage="train_2048.py [--config FILE.yaml] [--option VALUE ...]   (--help lists every option)",
+        description=description,
+        formatter_class=HelpFormatter,
+        allow_abbrev=False,
+        exit_on_error=False,
+    )
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG.relative_to(HERE)), metavar="FILE.yaml",
+                        help="The preset: its keys are options, as flags are; flags after it win.")  # fmt: skip
+    path, config, rest, env = config_and_flags(argv)
+    known = long_flags(parser)
+    for key in config:
+        if str(key).replace("-", "_") not in known:
+            close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.75)
+            raise OptionError(f"{path}: unknown key {key}" + (f" (did you mean {close[0]}?)" if close else
+                              " (train_2048.py --help lists every option)"))  # fmt: skip
+    namespace, given = parse(parser, config, rest, path)
+    problem = out_of_range(namespace) or group_problem(namespace)
+    if problem:
+        raise OptionError(problem)
+    try:
+        script_args, settings, training_args, model_args = build(parser, namespace)
+    except (ValueError, TypeError) as exc:  # a value or combination GRPOConfig or RewardSettings refuses
+        raise OptionError(f"refused: {' '.join(str(exc).split())}") from None
+    check_options(script_args, training_args, model_args, given)
+    os.environ.update(env)  # the preset's env: keys, checked (PRESET_ENV), once every option has passed
+    if script_args.truncated == "skip":
+        training_args.mask_truncated_completions = True  # and the rewards return None for them (trainer.py)
+    return script_args, settings, training_args, model_args
+
+
+def group_problem(namespace: argparse.Namespace) -> str | None:
+    """GRPO's batch rule in the user's words: a step's completions are whole groups of num_generations answers to one
+    prompt (TRL's own error speaks of generation and eval batch sizes)."""
+    n, world = namespace.num_generations, int(os.environ.get("WORLD_SIZE", "1"))
+    if n is None:
+        return None
+    if n < 2:
+        return f"--num_generations {n}: GRPO scores each completion against the others of its group: at least 2"
+    per_step = namespace.per_device_train_batch_size * world * (namespace.steps_per_generation or
+                                                                namespace.gradient_accumulation_steps)  # fmt: skip
+    batch = namespace.generation_batch_size or per_step
+    processes = f" x {world} processes" if world > 1 else ""
+    made = ("--generation_batch_size" if namespace.generation_batch_size else
+            f"per_device_train_batch_size {namespace.per_device_train_batch_size}{processes} x "
+            f"{'steps_per_generation' if namespace.steps_per_generation else 'gradient_accumulation_steps'} "
+            f"{namespace.steps_per_generation or namespace.gradient_accumulation_steps}")  # fmt: skip
+    if batch % n:
+        fits = [d for d in range(2, batch + 1) if batch % d == 0]
+        return (f"--num_generations {n}: a step samples {batch} completions ({made}), which must split into whole "
+                f"groups of {n} answers to one prompt: use {', '.join(map(str, fits))}, or a batch that {n} divides "
+                f"(--per_device_train_batch_size {n}, say)")  # fmt: skip
+    evaluating = namespace.eval_strategy not in ("no", None)
+    eval_batch = namespace.per_device_eval_batch_size * world
+    if evaluating and eval_batch % (namespace.num_generations_eval or n):
+        return (f"--num_generations {n}: TRL also asks that the evaluation's batch, --per_device_eval_batch_size "
+                f"{namespace.per_device_eval_batch_size}{processes}, hold whole groups of {n}: make it a multiple of "
+                f"{n} (the evaluation samples --eval_samples strategies, that many at once)")  # fmt: skip
+    return None
+
+
+def check_options(script_args, training_args, model_args, given: set[str]) -> None:
+    """Ranges and conflicts of our options, and the TRL/transformers ones that ours depend on."""
+    if not str(training_args.output_dir or "").strip():
+        raise OptionError(f"--output_dir {training_args.output_dir!r}: must name a folder (outputs/my-run, say)")
+    if not model_args.model_name_or_path:
+        raise OptionError(f"--model_name_or_path is required ({models.TINY}: the CPU demo's model)")
+    if not 0 <= script_args.overlong_penalty < training_args.max_completion_length:
+        raise OptionError(f"--overlong_penalty {script_args.overlong_penalty}: must be >= 0 and below "
+                                  f"--max_completion_length ({training_args.max_completion_length})")  # fmt: skip
+    if script_args.truncated == "skip" and "mask_truncated_completions" in given and \
+            not training_args.mask_truncated_completions:  # fmt: skip
+        raise OptionError("--truncated skip leaves a cut-off completion unscored, which needs "
+                                  "--mask_truncated_completions true (no gradient from it either): drop "
+                                  "--mask_truncated_completions false, or use --truncated score")  # fmt: skip
+    resume, other = script_args.resume, training_args.resume_from_checkpoint
+    if resume and other and resume != other:
+        raise OptionError(f"--resume {resume} and --resume_from_checkpoint {other}: give one of them "
+                                  "(--resume auto continues the latest checkpoint of --output_dir)")  # fmt: skip
+    if (resume or other) and script_args.overwrite_output_dir:
+        raise OptionError("--overwrite_output_dir starts the run over, --resume continues it: give one")
+    from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
+
+    for name in training_args.report_to or []:
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise OptionError(f"--report_to {name}: no such integration (transformers knows "
+                                      f"{', '.join(INTEGRATION_TO_CALLBACK)}; none: no reports)")  # fmt: skip
+        if name not in get_available_reporting_integrations():
+            raise OptionError(f"--report_to {name}: it is not installed here (pip install {name}), or "
+                                      "leave it out (tensorboard is installed with train_2048)")  # fmt: skip
+
+
+def check_before_loading(script_args, settings, training_args, model_args, backend: str) -> tuple[Path | None, list]:
+    """Every check of what the options name (paths, checkpoints, the output folder, the hub, the sandbox), with
+    nothing loaded or written: one line and exit 2 now, not a traceback an hour in. Returns the checkpoint to resume
+    from, if any, and the lines to log about newer checkpoints that cannot be loaded."""
+    model_name, output_dir = model_args.model_name_or_path, Path(training_args.output_dir)
+    if script_args.save_method == "mxfp4" and backend != "unsloth":
+        raise OptionError("--save_method mxfp4 needs the unsloth backend on a CUDA GPU; use lora or merged_16bit here")
+    if script_args.save_method == "mxfp4" and not version_at_most("transformers", MXFP4_MAX_TRANSFORMERS):
+        raise OptionError(f"--save_method mxfp4: Unsloth writes it with llm-compressor, which needs transformers <= "
+            f"{MXFP4_MAX_TRANSFORMERS} (installed: {importlib.metadata.version('transformers')}), so it would fail after "
+            "training; save merged_16bit (16-bit weights) and quantize that separately")  # fmt: skip
+    if backend == "unsloth" and training_args.router_aux_loss_coef not in (None, 0):
+        raise OptionError(
+            f"--router_aux_loss_coef {training_args.router_aux_loss_coef:g}: Unsloth's GRPO does not compute the MoE "
+            "router loss; set it to 0 (the GPT-OSS presets do)"
+        )
+    looks_local = model_name.startswith((".", "/", "~")) or model_name.count("/") > 1  # a hub id is org/name
+    if model_name != models.TINY and looks_local and not Path(model_name).expanduser().exists():
+        raise OptionError(f"model path {model_name} does not exist")
+    problem = models.not_a_model(model_name) if model_name != models.TINY else None
+    if problem:
+        raise OptionError(f"model path {model_name}: {problem}")
+    if not run_folder.writable(output_dir):
+        raise OptionError(f"output_dir {output_dir} is not a writable directory")
+    checkpoint, notes = resume_point(script_args, training_args, model_args, output_dir)
+    notes += filter(None, [check_archive_games(script_args)])
+    if training_args.push_to_hub:
+        check_hub(training_args)
+    walls = sandbox.walls()
+    if settings.require_seccomp and not walls["seccomp"]:
+        raise OptionError(
+            f"the sandbox has no seccomp wall here ({walls['reason']}): install libseccomp (Debian/Ubuntu: "
+            "libseccomp2), or pass --require_seccomp false to train with the other walls only (docs/SECURITY.md)"
+        )
+    return checkpoint, notes
+
+
+def check_merge_source(script_args, model_args, output_dir: Path) -> str | None:
+    """The 16-bit weights merged_16bit merges the LoRA into after training (models.merge_base: the model itself, or the
+    16-bit original of a 4-bit or MXFP4 checkpoint), asked now, so that a merge that cannot work stops the run before
+    it starts."""
+    if script_args.save_method != "merged_16bit":
+        return None
+    if not model_args.use_peft:
+        raise OptionError("--save_method merged_16bit merges LoRA adapters into their base: with --use_peft false final/ holds the "
+            "whole trained model already")  # fmt: skip
+    if model_args.model_name_or_path == models.TINY:
+        return str(output_dir / "tiny-model")  # built before training
+    try:
+        return models.merge_base(model_args.model_name_or_path)
+    except ValueError as error:
+        raise OptionError(f"--save_method merged_16bit: {error}, so the merge would fail after training; save lora, then merge "
+            "final/ with python merge_2048.py --adapter <output_dir>/final --base <the 16-bit checkpoint>") from None  # fmt: skip
+
+
+def version_at_most(package: str, highest: str) -> bool:
+    """The installed release of `package` is `highest` or older (local build suffixes ignored)."""
+    from packaging.version import Version
+
+    return Version(Version(importlib.metadata.version(package)).base_version) <= Version(highest)
+
+
+def resume_point(script_args, training_args, model_args, output_dir: Path) -> tuple[Path | None, list[str]]:
+    """The checkpoint to continue from (None: a fresh start), and a line for each newer one that cannot be loaded
+    (run_folder.resume_point): a fresh start never goes into a folder that holds a run, a damaged checkpoint is never
+    resumed from, and a run at its --max_steps is not trained further."""
+    resume = script_args.resume or training_args.resume_from_checkpoint
+    try:
+        run_folder.check_folder(output_dir, fresh=not resume, overwrite=script_args.overwrite_output_dir,
+                                resume=bool(resume))  # fmt: skip
+        checkpoint, skipped = run_folder.resume_point(output_dir, resume, training_args.max_steps)
+    except run_folder.FolderRefused as exc:
+        raise OptionError(str(exc)) from None
+    if checkpoint is not None:
+        check_adapter_shape(checkpoint, model_args)
+    return checkpoint, skipped
+
+
+def check_adapter_shape(checkpoint: Path, model_args) -> None:
+    """A resume loads the checkpoint's LoRA into adapters made from the options: their rank and scale must be the
+    checkpoint's (the modules are compared once the model is built: compare_adapters)."""
+    config_file = checkpoint / "adapter_config.json"
+    if not model_args.use_peft or not config_file.is_file():
+        return
+    import user_files
+
+    try:
+        saved = user_files.read_json(config_file, what="adapter_config.json")
+    except user_files.FileRefused as exc:
+        raise OptionError(f"--resume: {exc}") from None
+    if not isinstance(saved, dict):
+        raise OptionError(f"--resume: {config_file} is not a mapping of LoRA settings")
+    for option, key in (("lora_r", "r"), ("lora_alpha", "lora_alpha")):
+        if key in saved and saved[key] != getattr(model_args, option):
+            raise OptionError(f"--{option} {getattr(model_args, option)}: {checkpoint} was trained with --{option} {saved[key]}; "
+                f"resume with the run's own (--{option} {saved[key]}), or start a new run in another --output_dir")  # fmt: skip
+
+
+def check_archive_games(script_args) -> str | None:
+    """--archive_games N: re-scoring a strategy plays N games, within what the archive may save up (its own rule:
+    CARRY_STEPS steps' share of the mean step). Refused when no step is long enough for the cheapest re-scoring, and
+    a warning line (returned) when only slow steps are, instead of ranking nothing in silence."""
+    if not script_args.archive_size or not script_args.archive_games:
+        return None
+    from strategy_archive import CARRY_STEPS, CHILD_SECONDS
+
+    games, budget, workers = script_args.archive_games, script_args.archive_budget, len(os.sched_getaffinity(0))
+    cheapest = games * CHILD_SECONDS / workers  # every game lost at its first move
+    step = cheapest / (CARRY_STEPS * budget)
+    said = (f"--archive_games {games}: re-scoring one strategy takes at least {cheapest:,.1f} s ({games} games x "
+            f"{CHILD_SECONDS * 1000:.0f} ms on {workers} cores), and the archive saves up {CARRY_STEPS} steps x "
+            f"{budget:.0%} of a step: only steps of {step:,.1f} s or more leave it time")  # fmt: skip
+    if step > MAX_STEP_SECONDS:
+        raise OptionError(f"{said}, so nothing would ever be ranked; lower --archive_games or raise --archive_budget")
+    if step > 1:
+        return f"{said}; on faster steps nothing is ranked (lower --archive_games or raise --archive_budget)"
+    return None
+
+
+def check_hub(training_args) -> None:
+    """--push_to_hub: the hub reached and the token accepted now, not after training."""
+    from huggingface_hub import HfApi
+
+    try:
+        user = HfApi().whoami()
+    except Exception as exc:  # offline mode, no token, a refused token, no network: all the user's to fix
+        raise OptionError(f"--push_to_hub: the Hugging Face hub cannot say who this machine pushes as ({one_line(exc)}); log in "
+            "(hf auth login), reach the hub, or leave --push_to_hub out") from None  # fmt: skip
+    repo = training_args.hub_model_id or f"{user['name']}/{Path(training_args.output_dir).name}"
+    log.debug(f"--push_to_hub: as {user['name']}, to {repo}")

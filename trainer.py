@@ -470,3 +470,143 @@ def saved_salt(checkpoint: Path) -> str | None:
     """The game salt a checkpoint was trained with (None for checkpoints written before salts were kept)."""
     saved = json.loads((checkpoint / "trainer_state.json").read_text()).get("stateful_callbacks", {})
     return saved.get(GameSalt.__name__, {}).get("args", {}).get("salt")
+
+
+# --- wiring: the warm start's SFT trainer, the GRPO trainer with our callbacks, the console -----------------------
+
+
+def quiet_console(trainer) -> QuietProgressBar | None:
+    """The Trainer's bar without its dump of every metric at each log (our reports print short lines instead);
+    returns the bar's callback, whose bars close_bars() closes."""
+    from transformers import PrinterCallback
+
+    bar = None
+    if trainer.pop_callback(ProgressCallback) is not None:
+        bar = QuietProgressBar()
+        trainer.add_callback(bar)
+    trainer.pop_callback(PrinterCallback)
+    return bar
+
+
+def close_bars(bar: QuietProgressBar | None) -> None:
+    """The Trainer's progress bars closed now: left open, they redraw at exit, after our last line."""
+    for shown in (getattr(bar, "training_bar", None), getattr(bar, "prediction_bar", None)):
+        if shown is not None:
+            shown.close()
+
+
+def warm_start(model, tokenizer, prompt: str, script_args, training_args, state, writer=None) -> None:
+    """SFT on demo_data.py's example answers, for a model that cannot write a working strategy yet. Under accelerate
+    launch it is one data-parallel job of every rank, the batch split so an update sees as many examples. Its
+    TensorBoard scalars go to the run's writer as warm_start/*."""
+    from datasets import Dataset
+    from transformers.integrations import TensorBoardCallback
+    from trl import SFTConfig, SFTTrainer
+
+    import demo_data
+
+    rows = demo_data.sft_rows(prompt)
+    log.info(f"warm start: SFT on {len(rows)} example answers for {script_args.sft_epochs:g} epochs")
+    sft_args = SFTConfig(
+        output_dir=training_args.output_dir,  # it saves nothing (save_strategy "no"): no folder of its own
+        num_train_epochs=script_args.sft_epochs,
+        learning_rate=script_args.sft_learning_rate,
+        lr_scheduler_type="constant",
+        per_device_train_batch_size=-(-training_args.per_device_train_batch_size // state.num_processes),
+        optim=training_args.optim,
+        gradient_checkpointing=training_args.gradient_checkpointing,
+        ddp_find_unused_parameters=training_args.ddp_find_unused_parameters,
+        max_length=script_args.max_seq_length,
+        use_cpu=training_args.use_cpu,
+        bf16=training_args.bf16,
+        fp16=training_args.fp16,
+        seed=training_args.seed,
+        logging_steps=10,
+        save_strategy="no",
+        report_to=training_args.report_to,
+        disable_tqdm=training_args.disable_tqdm,
+    )
+    sft = SFTTrainer(model, sft_args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    quiet_console(sft)
+    sft.pop_callback(TensorBoardCallback)  # its train/* would share GRPO's charts
+    sft.add_callback(WarmStartReport(writer))
+    sft.train()
+
+
+def make_archive(settings, script_args, output_dir: Path, held_out: list[int], state, times: StepTimes, checkpoint):
+    """The strategy archive (strategy_archive.py), continuing the checkpoint's on a resume; None when it is off."""
+    if not script_args.archive_size:
+        return None
+    import strategy_archive
+
+    archive = strategy_archive.StrategyArchive(
+        settings, size=script_args.archive_size, budget=script_args.archive_budget, output_dir=output_dir,
+        seeds=held_out[: script_args.archive_games or script_args.eval_games],
+        main=state.is_main_process, world=state.num_processes, timing=lambda: times.timing("archive"),
+    )  # fmt: skip
+    if checkpoint is not None:
+        archive.load_state(checkpoint)
+    log.info(archive.describe())
+    return archive
+
+
+def reward_funcs(settings, script_args, training_args, judge, tokenizer, times, latest) -> list:
+    """The rewards TRL calls, each timed and its scores kept for the TensorBoard samples; DAPO's overlong penalty as
+    a fourth with --overlong_penalty; with --truncated skip, a cut-off completion gets no score (TRL's own rule for
+    one: its last token is neither EOS nor padding)."""
+    funcs = rewards.reward_functions(settings, judge)
+    if script_args.overlong_penalty:
+        from trl.rewards import get_soft_overlong_punishment
+
+        funcs.append(get_soft_overlong_punishment(training_args.max_completion_length, script_args.overlong_penalty))
+    stop_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id} if script_args.truncated == "skip" else None
+    if stop_ids is not None:  # TRL warns, with the whole prompt, for every completion left unscored: here by design
+        logging.getLogger("trl.trainer.grpo_trainer").addFilter(
+            lambda record: "All reward functions returned None" not in record.getMessage()
+        )
+    return [timed_reward(f, times, latest, skip_unless_ends_with=stop_ids) for f in funcs]
+
+
+def make_trainer(model, tokenizer, settings, plan, state, writer=None):
+    """(trainer, ctrl_c, bar): TRL's GRPOTrainer with our rewards, evaluation, reports, timings and strategy archive,
+    the callback that Ctrl-C asks for a checkpoint, and the console's bar. `plan`: options.Plan; `writer`: the run's
+    TensorBoard writer (main process), or None."""
+    from transformers.integrations import TensorBoardCallback
+
+    script_args, training_args, output_dir = plan.script_args, plan.training_args, plan.output_dir
+    reasoning = (training_args.chat_template_kwargs or {}).get("reasoning_effort", "low")
+    latest = {}  # the last batch's completions and scores, for the TensorBoard samples
+    times, ctrl_c = StepTimes(state.device), CtrlC()
+    evaluating = training_args.eval_strategy != "no"
+    held_out = rewards.held_out_seeds(settings.game_salt, max(script_args.archive_games, script_args.eval_games))
+    if evaluating:
+        log.info(f"evaluation: {script_args.eval_samples} strategies sampled, each on {script_args.eval_games} held-out "
+                 f"games (seeds {held_out[0]}-{held_out[script_args.eval_games - 1]}, from the secret game salt)")  # fmt: skip
+    archive = make_archive(settings, script_args, output_dir, held_out, state, times, plan.checkpoint)
+    judge = rewards.make_judge(settings)
+    judge = archive.watch(judge) if archive is not None else judge  # every batch's verdicts pass through the archive
+    trainer = GameGRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs(settings, script_args, training_args, judge, tokenizer, times, latest),
+        args=training_args,
+        train_dataset=rewards.build_dataset(script_args.dataset_size, settings, reasoning),
+        eval_dataset=rewards.build_dataset(script_args.eval_samples, settings, reasoning) if evaluating else None,
+        processing_class=tokenizer,
+        callbacks=[GRPOReport(output_dir), ctrl_c, GameSalt(settings.game_salt), *filter(None, [archive])],
+        settings=settings,
+        eval_samples=script_args.eval_samples,
+        eval_seeds=held_out[: script_args.eval_games],
+        times=times,
+        generate=generation.generate if script_args.fast_generation else None,
+        archive=archive,
+    )
+    bar = quiet_console(trainer)
+    if script_args.fast_generation:
+        log.info(f"generation: {trainer.prepare_fast_generation()}")
+    if writer is not None:  # one writer for the Trainer's scalars and ours, handed to transformers' own callback
+        trainer.remove_callback(TensorBoardCallback)
+        trainer.add_callback(TensorBoardCallback(tb_writer=writer))
+        trainer.add_callback(TensorBoardSamples(writer, latest, script_args.sample_steps, script_args.num_samples))
+        if archive is not None:
+            archive.writer = writer
+    return trainer, ctrl_c, bar

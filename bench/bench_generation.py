@@ -115,11 +115,12 @@ def load_for_training(folder: str, preset: str, options: list[str]):
     run of `python train_2048.py --config configs/<preset>.yaml --model_name_or_path <folder> <options>` loads it."""
     import torch
 
+    import options as checked
     import train_2048
 
     argv = ["--config", str(ROOT / "configs" / f"{preset}.yaml"), "--model_name_or_path", folder,
             "--output_dir", tempfile.mkdtemp(prefix="bench-generation-"), *options]  # fmt: skip
-    backend, cuda = train_2048.choose_backend(train_2048.early_options(argv))
+    backend, cuda = checked.choose_backend(checked.early_options(argv))
     if backend == "unsloth":
         import unsloth  # noqa: F401  (before trl, as train_2048 imports it)
     from accelerate import PartialState
@@ -127,7 +128,7 @@ def load_for_training(folder: str, preset: str, options: list[str]):
     import evaluation
     import rewards
 
-    script_args, settings, training_args, model_args = train_2048.parse_args(argv)
+    script_args, settings, training_args, model_args = checked.parse_args(argv)
     state = PartialState()
     prompt = rewards.build_prompt(settings)
     model, tokenizer = train_2048.load_policy(script_args, training_args, model_args, backend, prompt, state,

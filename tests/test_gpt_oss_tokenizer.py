@@ -154,10 +154,10 @@ def test_plain_text_encodes_as_o200k_does(tokenizer, encoding):
 
 def preset(name: str):
     """(script args, reward settings, GRPO config) of a preset as train_2048 parses it (on a CPU)."""
-    import train_2048
+    import options
 
-    script, settings, grpo, _ = train_2048.parse_args(
-        ["--config", str(train_2048.HERE / "configs" / f"{name}.yaml"), "--use_cpu", "true", "--bf16", "false"]
+    script, settings, grpo, _ = options.parse_args(
+        ["--config", str(options.HERE / "configs" / f"{name}.yaml"), "--use_cpu", "true", "--bf16", "false"]
     )
     return script, settings, grpo
 

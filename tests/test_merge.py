@@ -14,9 +14,9 @@ import pytest
 
 import merge_2048
 import models
+import options
 import rewards
 import run_folder
-import train_2048
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
@@ -217,7 +217,7 @@ def test_help_lists_the_options(capsys):
 
 
 def parsed(*args):
-    script_args, _, _, model_args = train_2048.parse_args(["--config", str(REPO / "configs" / "gpt-oss-20b.yaml"),
+    script_args, _, _, model_args = options.parse_args(["--config", str(REPO / "configs" / "gpt-oss-20b.yaml"),
                                                            "--use_cpu", "true", "--bf16", "false", *args])  # fmt: skip
     return script_args, model_args
 
@@ -237,7 +237,7 @@ def test_train_asks_before_training_where_merged_16bit_will_merge(tmp_path, monk
         return str(tmp_path / "config.json")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", config_json)
-    assert train_2048.check_merge_source(script_args, model_args, tmp_path) == "unsloth/gpt-oss-20b-BF16"
+    assert options.check_merge_source(script_args, model_args, tmp_path) == "unsloth/gpt-oss-20b-BF16"
     assert asked == ["unsloth/gpt-oss-20b-BF16"]
     monkeypatch.undo()
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
@@ -251,12 +251,12 @@ def test_train_asks_before_training_where_merged_16bit_will_merge(tmp_path, monk
              (("--use_peft", "false"), ["--use_peft false"])]  # fmt: skip
     for args, words in cases:
         script_args, model_args = parsed("--save_method", "merged_16bit", *args)
-        with pytest.raises(SystemExit) as stop:
-            train_2048.check_merge_source(script_args, model_args, tmp_path)
-        line = capsys.readouterr().err.strip()
-        assert stop.value.code == 2 and "\n" not in line and line.startswith("train_2048: --"), line
+        with pytest.raises(options.OptionError) as stop:
+            options.check_merge_source(script_args, model_args, tmp_path)
+        line = str(stop.value)
+        assert "\n" not in line and line.startswith("--"), line
         assert all(word in line for word in words), line
-    assert train_2048.check_merge_source(*parsed("--save_method", "lora"), tmp_path) is None
+    assert options.check_merge_source(*parsed("--save_method", "lora"), tmp_path) is None
 
 
 @pytest.mark.slow

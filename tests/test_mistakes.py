@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import evaluate_2048
+import options
 import run_folder
 import train_2048
 
@@ -440,8 +441,8 @@ def test_resume_auto_skips_damaged_checkpoints_and_names_them(tmp_path):
     checkpoint(run, 10)
     (run / "checkpoint-10" / "trainer_state.json").write_text(json.dumps({"global_step": 2}))  # renamed by hand
     (run / "checkpoint-12.tmp").mkdir()
-    script, settings, grpo, model = train_2048.parse_args(["--config", DEMO, "--output_dir", str(run), "--resume", "auto"])
-    found, notes = train_2048.resume_point(script, grpo, model, run)
+    script, settings, grpo, model = options.parse_args(["--config", DEMO, "--output_dir", str(run), "--resume", "auto"])
+    found, notes = options.resume_point(script, grpo, model, run)
     assert found == good
     assert [note.split(":")[0] for note in notes] == [f"checkpoint-{s} is skipped" for s in (10, 8, 6, 4)]
     assert "of step 2, not 10" in notes[0] and "trainer_state.json cannot be read" in notes[2]
@@ -467,11 +468,11 @@ def test_archive_games_that_only_slow_steps_can_rescore_are_said_at_start():
     """Re-scoring plays --archive_games games within what the archive saves up (10 steps x --archive_budget of a step):
     beyond what any step allows the run is refused (the table above); beyond a 1-second step, a warning line says which
     steps leave it time, where a run on the CPU would otherwise rank nothing, silently."""
-    script, *_ = train_2048.parse_args(["--config", DEMO, "--archive_games", "100000"])
-    line = train_2048.check_archive_games(script)
+    script, *_ = options.parse_args(["--config", DEMO, "--archive_games", "100000"])
+    line = options.check_archive_games(script)
     assert line.startswith("--archive_games 100000: re-scoring one strategy takes at least") and "on faster steps" in line
     for games in ("0", "4"):  # the evaluation's games, and the demo's pace
-        assert train_2048.check_archive_games(train_2048.parse_args(["--config", DEMO, "--archive_games", games])[0]) is None
+        assert options.check_archive_games(options.parse_args(["--config", DEMO, "--archive_games", games])[0]) is None
 
 
 def test_every_option_of_ours_has_a_range_or_a_reason_it_needs_none():
@@ -481,9 +482,7 @@ def test_every_option_of_ours_has_a_range_or_a_reason_it_needs_none():
 
     import rewards
 
-    ours = {f.name for cls in (train_2048.ScriptArguments, rewards.RewardSettings) for f in dataclasses.fields(cls)}
-    import options
-
+    ours = {f.name for cls in (options.ScriptArguments, rewards.RewardSettings) for f in dataclasses.fields(cls)}
     assert ours - set(options.RANGES) - set(options.NO_RANGE) == set()
     assert not set(options.RANGES) & set(options.NO_RANGE)
     for name, (accepts, _said) in options.RANGES.items():

@@ -12,6 +12,7 @@ import pytest
 
 import evaluation
 import models
+import options
 import rewards
 import run_folder
 import train_2048
@@ -24,7 +25,7 @@ ON_CPU = ["--use_cpu", "true", "--bf16", "false"]  # GRPOConfig refuses bf16 wit
 
 def parse(*argv):
     """(script, grpo, model, reward settings)."""
-    script, settings, grpo, model = train_2048.parse_args(list(argv))
+    script, settings, grpo, model = options.parse_args(list(argv))
     return script, grpo, model, settings
 
 
@@ -51,13 +52,12 @@ def test_every_reward_setting_is_an_option(capsys):
     shown = capsys.readouterr().out
     for f in dataclasses.fields(rewards.RewardSettings):
         assert f"--{f.name}" in shown
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(options.OptionError, match="--profile: invalid choice: 'easy'"):
         parse("--config", DEMO, "--profile", "easy")
-    assert exc.value.code == 2
 
 
 def test_gpt_oss_preset_is_the_notebook_model_with_seed_001s_batch():
-    script, grpo, model, settings = parse("--config", str(train_2048.DEFAULT_CONFIG), *ON_CPU)
+    script, grpo, model, settings = parse("--config", str(options.DEFAULT_CONFIG), *ON_CPU)
     assert model.model_name_or_path == "unsloth/gpt-oss-20b" and model.load_in_4bit and model.use_peft
     assert (model.lora_r, model.lora_alpha) == (4, 8)
     assert set(model.lora_target_modules) == {
@@ -84,7 +84,7 @@ def test_gpt_oss_preset_is_the_notebook_model_with_seed_001s_batch():
 
 
 def test_bf16_preset_is_the_default_run_with_16_bit_weights():
-    default = parse("--config", str(train_2048.DEFAULT_CONFIG), *ON_CPU)
+    default = parse("--config", str(options.DEFAULT_CONFIG), *ON_CPU)
     script, grpo, model, settings = parse("--config", str(REPO / "configs" / "gpt-oss-20b-bf16.yaml"), *ON_CPU)
     assert model.model_name_or_path == "unsloth/gpt-oss-20b-BF16" and not model.load_in_4bit
     assert not script.offload_embedding and grpo.router_aux_loss_coef == 0 and settings == default[3]
@@ -118,14 +118,14 @@ def test_cpu_demo_preset_runs_on_the_cpu_with_a_small_board():
 def test_early_options_read_flags_after_yaml_and_never_abbreviations(tmp_path):
     preset = tmp_path / "preset.yaml"
     preset.write_text("backend: unsloth\nuse_cpu: false\n")
-    early = lambda *argv: train_2048.early_options(["--config", str(preset), *argv])  # noqa: E731
+    early = lambda *argv: options.early_options(["--config", str(preset), *argv])  # noqa: E731
     assert early("--backend", "transformers").backend == "transformers"
     assert early("--use-cpu").use_cpu == "true"
     assert early("--use_cpu=false").use_cpu == "false"
     assert early().backend == "unsloth" and early().use_cpu == "false"  # a YAML boolean, as its flag would say it
     # an abbreviation is no option for the early read, and the full parse refuses it: both read the same values
     assert early("--back", "transformers").backend == "unsloth"
-    with pytest.raises(SystemExit):
+    with pytest.raises(options.OptionError, match="unknown option --back"):
         parse("--config", DEMO, "--back", "unsloth")
 
 
@@ -145,15 +145,14 @@ def test_unsloth_refuses_a_router_loss_before_loading(tmp_path, capsys):
     script, grpo, model, settings = parse(
         "--config", DEMO, "--output_dir", str(tmp_path), "--router_aux_loss_coef", "0.9"
     )
-    with pytest.raises(SystemExit) as exc:
-        train_2048.check_before_loading(script, settings, grpo, model, backend="unsloth")
-    assert exc.value.code == 2
-    line = capsys.readouterr().err.strip()
-    assert line.startswith("train_2048: --router_aux_loss_coef 0.9") and "set it to 0" in line
+    with pytest.raises(options.OptionError) as exc:
+        options.check_before_loading(script, settings, grpo, model, backend="unsloth")
+    line = str(exc.value)
+    assert line.startswith("--router_aux_loss_coef 0.9") and "set it to 0" in line
     for coef in ("0", None):  # 0, and the model's own (checked once the model is loaded)
         extra = ["--router_aux_loss_coef", coef] if coef else []
         script, grpo, model, settings = parse("--config", DEMO, "--output_dir", str(tmp_path), *extra)
-        assert train_2048.check_before_loading(script, settings, grpo, model, backend="unsloth") == (None, [])
+        assert options.check_before_loading(script, settings, grpo, model, backend="unsloth") == (None, [])
 
 
 def test_training_without_the_seccomp_wall_stops_with_one_line(tmp_path, capsys):
@@ -163,12 +162,11 @@ def test_training_without_the_seccomp_wall_stops_with_one_line(tmp_path, capsys)
     sandbox.start(_disable_seccomp=True)  # as where libseccomp is missing
     try:
         script, grpo, model, settings = parse("--config", DEMO, "--output_dir", str(tmp_path / "out"))
-        with pytest.raises(SystemExit) as exc:
-            train_2048.check_before_loading(script, settings, grpo, model, backend="transformers")
-        line = capsys.readouterr().err.strip()
-        assert exc.value.code == 2 and line.startswith("train_2048: the sandbox has no seccomp wall here")
+        with pytest.raises(options.OptionError) as exc:
+            options.check_before_loading(script, settings, grpo, model, backend="transformers")
+        assert str(exc.value).startswith("the sandbox has no seccomp wall here")
         optout = parse("--config", DEMO, "--output_dir", str(tmp_path / "out"), "--require_seccomp", "false")
-        assert train_2048.check_before_loading(*optout[:1], optout[3], optout[1], optout[2], "transformers")[0] is None
+        assert options.check_before_loading(*optout[:1], optout[3], optout[1], optout[2], "transformers")[0] is None
     finally:
         sandbox.shutdown()
 
@@ -490,5 +488,5 @@ def test_truncated_skip_masks_the_loss_and_leaves_them_unscored():
 def test_overlong_penalty_is_checked_against_the_budget():
     script, grpo, *_ = parse("--config", DEMO, "--overlong_penalty", "16")
     assert script.overlong_penalty == 16
-    with pytest.raises(SystemExit):
+    with pytest.raises(options.OptionError, match="--overlong_penalty 96"):
         parse("--config", DEMO, "--overlong_penalty", "96")  # the whole budget (96 tokens)

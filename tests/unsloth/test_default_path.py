@@ -23,6 +23,7 @@ from merge_faults import FAULTS, NAMED, break_merge
 
 import generation
 import models
+import options
 import sandbox
 import train_2048
 
@@ -83,7 +84,7 @@ def test_every_preset_parses_alike_under_unsloths_config(preset, capsys):
     assert "unsloth_num_chunks" not in plain.__dataclass_fields__
     parsed = {}
     for cls in (plain, trl.GRPOConfig):
-        parser = TrlParser((train_2048.ScriptArguments, rewards.RewardSettings, cls, ModelConfig))
+        parser = TrlParser((options.ScriptArguments, rewards.RewardSettings, cls, ModelConfig))
         capsys.readouterr()
         _, _, args, _ = parser.parse_args_and_config(["--config", str(preset), "--use_cpu", "true", "--bf16", "false"])
         assert capsys.readouterr().out == "", f"Unsloth's config overrode something of {preset.name}"
@@ -96,14 +97,13 @@ def test_every_preset_parses_alike_under_unsloths_config(preset, capsys):
 def test_mxfp4_is_refused_at_startup_with_unsloths_own_bound(tmp_path, capsys):
     import unsloth.save
 
-    assert train_2048.MXFP4_MAX_TRANSFORMERS == unsloth.save._LLM_COMPRESSOR_MAX_TRANSFORMERS
+    assert options.MXFP4_MAX_TRANSFORMERS == unsloth.save._LLM_COMPRESSOR_MAX_TRANSFORMERS
     argv = ["--config", str(REPO / "configs" / "gpt-oss-20b.yaml"), "--output_dir", str(tmp_path), "--save_method",
             "mxfp4", "--require_seccomp", "false", "--use_cpu", "true", "--bf16", "false"]  # fmt: skip
-    with pytest.raises(SystemExit) as stop:
-        train_2048.check_before_loading(*train_2048.parse_args(argv), backend="unsloth")
-    assert stop.value.code == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert "mxfp4" in line and "llm-compressor" in line and "merged_16bit" in line
+    with pytest.raises(options.OptionError) as stop:
+        options.check_before_loading(*options.parse_args(argv), backend="unsloth")
+    line = str(stop.value)
+    assert "\n" not in line and "mxfp4" in line and "llm-compressor" in line and "merged_16bit" in line
 
 
 # --- Unsloth's loader -------------------------------------------------------------------------------------------
