@@ -570,6 +570,7 @@ def load_policy(script_args, training_args, model_args, backend: str, prompt: st
         gradient_checkpointing=training_args.gradient_checkpointing,
         trust_remote_code=training_args.trust_remote_code,
     )
+    model.train_2048_base = models.base_identity(model_name, model_args.model_revision, model)  # for each save
     if models.experts_layout(model) is not None:
         log.info(f"model: {models.describe_experts(model)}")
     if backend == "unsloth":
@@ -711,6 +712,7 @@ def make_trainer(model, tokenizer, settings, script_args, training_args, state, 
         archive=archive,
     )
     quiet_console(trainer)
+    trainer.base_identity = getattr(model, "train_2048_base", None)  # train_2048_base.json in every adapter save
     if generate is not None:
         log.info(f"generation: {trainer.prepare_fast_generation()}")
     if writer is not None:  # one writer for the Trainer's scalars and ours, handed to transformers' own callback
