@@ -532,7 +532,7 @@ def base_identity(name: str, revision: str | None = None, model=None) -> dict:
         quantized = (quantization.get("bnb_4bit_quant_type") or "4-bit") if quantization.get("load_in_4bit") else (
             quantization.get("quant_method") or "quantized")  # fmt: skip
     local = Path(loaded).expanduser().is_dir()
-    return {"name": name, "loaded": loaded, "path": str(folder) if local else None, "revision": commit or revision,
+    return {"name": name, "loaded": loaded, "path": str(folder) if local else None, "revision": None if local else commit,
             "quantized": str(quantized) if quantized else None,
             "fingerprint": fingerprint(folder) if folder is not None else {}}  # fmt: skip
 
