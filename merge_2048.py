@@ -135,17 +135,15 @@ def advice(report: dict, adapter: Path, quantized: str | None = None) -> str:
     merged into the 16-bit original) never "the trained one", which it is not."""
     if report["kept"] is None:
         return "the adapters change no weight (LoRA B is zero: nothing was learned), so the merged model is the base"
-    if quantized:
-        said = (f"the adapters were trained on {quantized.upper()} weights and are merged into the 16-bit original: "
-                f"the merged model is that original plus the adapters, not the {quantized.upper()} model that was "
-                "trained (quantization moves a weight by more than the adapters do), so evaluate it before serving it")  # fmt: skip
-        if report["kept"] < models.MERGED_KEPT:
-            said += f"; and 16-bit weights cannot hold all the adapters learned: the adapters ({adapter}) are the result"
-        return said
+    trained = (f"the adapters were trained on {quantized.upper()} weights and are merged into the 16-bit original: the "
+               f"merged model is that original plus the adapters, not the {quantized.upper()} model that was trained "
+               "(quantization moves a weight by more than the adapters do), so evaluate it before serving it"
+               ) if quantized else None  # fmt: skip
     if report["kept"] >= models.MERGED_KEPT:
-        return "16-bit weights hold the adapters: the merged model is the trained one"
+        return trained or "16-bit weights hold the adapters: the merged model is the trained one"
     return (f"16-bit weights cannot hold what the adapters learned, so the adapters ({adapter}) are the faithful "
-            "result: serve them on the base, or merge again after a longer run, whose larger changes 16 bits keep")  # fmt: skip
+            "result: serve them on the base, or merge again after a longer run, whose larger changes 16 bits keep"
+            + (f"; and {trained}" if trained else ""))  # fmt: skip
 
 
 def summary(report: dict, output: Path) -> str:

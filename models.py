@@ -539,15 +539,15 @@ def base_identity(name: str, revision: str | None = None, model=None) -> dict:
 
 def trained_quantized(adapter: Path, trained_on: str | None) -> str | None:
     """How the weights the adapter was trained on were quantized ("nf4"), from its BASE_FILE; for an adapter without
-    one, a guess from the checkpoint it names: the hub's 4-bit and MXFP4 checkpoints that merge into a 16-bit copy."""
+    one, from the checkpoint it names: Unsloth's 4-bit checkpoints on the hub (FUSED_CHECKPOINT)."""
     try:
         identity = read_base_identity(adapter)
     except ValueError:
         identity = None
     if identity is not None:
         return identity.get("quantized") or None
-    if trained_on and SIXTEEN_BIT_ORIGINAL.get(trained_on, trained_on) != trained_on:
-        return "mxfp4" if trained_on in ("unsloth/gpt-oss-20b", "unsloth/gpt-oss-120b") else "nf4"
+    if trained_on in FUSED_CHECKPOINT:  # Unsloth's NF4 checkpoints (the MXFP4 originals may have been trained in 16 bits)
+        return "nf4"
     return None
 
 

@@ -405,6 +405,23 @@ def test_an_adapter_header_that_lies_about_its_tensors_is_refused(tmp_path):
     assert "share bytes" in models.safetensors_problem(shared)
 
 
+def test_a_merge_of_adapters_trained_on_nf4_never_says_the_merged_model_is_the_trained_one(tmp_path):
+    """The default preset trains on Unsloth's NF4 checkpoint and merges into the 16-bit original: the advice says what
+    the merged model is (the original plus the adapters), never "the trained one", whether the adapter's
+    train_2048_base.json says NF4 or an older adapter names the hub's 4-bit checkpoint."""
+    recorded, older = tmp_path / "recorded", tmp_path / "older"
+    recorded.mkdir()
+    older.mkdir()
+    models.write_base_identity(recorded, {"name": "unsloth/gpt-oss-20b", "quantized": "nf4", "fingerprint": {}})
+    assert models.trained_quantized(recorded, "unsloth/gpt-oss-20b") == "nf4"
+    assert models.trained_quantized(older, "unsloth/gpt-oss-20b-unsloth-bnb-4bit") == "nf4"
+    assert models.trained_quantized(older, "unsloth/gpt-oss-20b-BF16") is None
+    for kept in (1.0, 0.5):
+        said = merge_2048.advice({"kept": kept}, recorded, "nf4")
+        assert "the trained one" not in said and "trained on NF4 weights and are merged into the 16-bit original" in said
+    assert merge_2048.advice({"kept": 1.0}, recorded, None).endswith("the merged model is the trained one")
+
+
 # --- train_2048: the merge after training ---------------------------------------------------------------------------
 
 
