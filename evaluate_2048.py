@@ -172,6 +172,7 @@ def load_model(args: EvalArguments):
     base = args.model
     if args.adapter is not None:
         config, problem = models.adapter_config_problem(Path(args.adapter))
+        problem = problem or models.adapter_weights_problem(Path(args.adapter))
         if problem:
             die(f"--adapter {args.adapter}: {problem}")
     if args.adapter is not None and base is None:

@@ -764,6 +764,23 @@ def adapter_config_problem(folder: Path) -> tuple[dict | None, str | None]:
     return config, None
 
 
+def adapter_weights_problem(folder: Path) -> str | None:
+    """NaN or inf in adapter_model.safetensors (a run that diverged, a damaged file), read one tensor at a time after
+    adapter_config_problem has checked its header; None when every value is finite."""
+    from safetensors import safe_open
+
+    weights = Path(folder) / "adapter_model.safetensors"
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has keys(), no iteration)
+                problem = non_finite_tensors({name: f.get_tensor(name)})
+                if problem:
+                    return f"{weights.name} holds {problem}: a run that diverged, or a damaged file"
+    except Exception as error:  # noqa: BLE001 - a file that does not read: the user's to fix, in one line
+        return f"{weights.name} does not read ({one_line(error, 200)})"
+    return None
+
+
 def non_finite_tensors(tensors: dict) -> str | None:
     """Which saved tensors hold NaN or inf, in a few words (None: every value is finite)."""
     import torch

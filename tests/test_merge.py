@@ -300,7 +300,8 @@ def test_a_merge_missing_a_tensor_or_holding_nan_is_wrong_without_the_float32_st
 
 @pytest.mark.parametrize("case", ["NaN alpha", "infinite alpha", "NaN weights"])
 def test_non_finite_adapters_are_bad_input_in_one_line(tiny, tmp_path, case, capsys):
-    import torch
+    """NaN or inf in lora_alpha (JSON writes NaN and Infinity) or in the adapter's weights: bad input, one line, exit 2,
+    in merge_2048.py and evaluate_2048.py --adapter, never a traceback from deep in a library."""
     from safetensors.torch import load_file, save_file
 
     adapter = tmp_path / "adapter"
@@ -319,7 +320,13 @@ def test_non_finite_adapters_are_bad_input_in_one_line(tiny, tmp_path, case, cap
     with pytest.raises(SystemExit) as stop:
         merge("--adapter", adapter, "--output_dir", tmp_path / "merged")
     one_line_error(capsys, stop, *words)
-    assert not (tmp_path / "merged").exists() and torch.isfinite(torch.ones(1)).all()
+    assert not (tmp_path / "merged").exists()
+    import evaluate_2048
+
+    with pytest.raises(SystemExit) as stop:  # evaluate_2048.py --adapter: the same line, before any model loads
+        evaluate_2048.main(["--adapter", str(adapter), "--no-baselines", "--output_dir", str(tmp_path / "eval")])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "\n" not in err and all(word in err for word in words), err
 
 
 @pytest.mark.slow
