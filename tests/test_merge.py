@@ -352,7 +352,10 @@ def test_a_target_modules_pattern_that_backtracks_is_refused_quickly(tiny, tmp_p
                 r"(?:q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj))|(?:\bmodel\.layers\.[\d]{1,}(?!.*\.experts"
                 r"\.\d)\..*?(?:self_attn|attention|attn|mixer|mlp|feed_forward|ffn|dense|mixer).*?\.(?:(?:q_proj|k_proj|"
                 r"v_proj|o_proj|gate_proj|up_proj|down_proj))))|(?:.*\.experts\.(?:down_projs|gate_up_projs)\.\d+)")
+    bf16_presets = (r"(?:model\.layers\.\d+\.self_attn\.k_proj|model\.layers\.\d+\.self_attn\.o_proj|"
+                    r"model\.layers\.\d+\.self_attn\.q_proj|model\.layers\.\d+\.self_attn\.v_proj)")  # Unsloth's too
     assert models.target_modules_problem(unsloths) is None and models.target_modules_problem("q_proj") is None
+    assert models.target_modules_problem(bf16_presets) is None
     assert models.target_modules_problem(r"(a+)+b") and models.target_modules_problem(".*" * 6 + "Z")
 
 
