@@ -286,6 +286,20 @@ def test_an_older_runs_relative_base_is_found_from_another_working_folder(tiny, 
     assert "its base cannot be checked" in said and f"into {run / 'tiny-model'}" in said
 
 
+def test_a_relative_base_is_looked_for_beside_a_moved_run(tmp_path, monkeypatch):
+    """outputs/cpu-demo/tiny-model recorded by an older run that was since moved (to runs/mine): found as <run
+    folder>/tiny-model; a hub name or a path found nowhere is left as it is."""
+    run = tmp_path / "runs" / "mine"
+    (run / "tiny-model").mkdir(parents=True)
+    (run / "tiny-model" / "config.json").write_text("{}")
+    (run / "checkpoint-4").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for adapter in (run / "final", run / "checkpoint-4"):
+        assert models.trained_base(adapter, "outputs/cpu-demo/tiny-model") == str(run / "tiny-model")
+    assert models.trained_base(run / "final", "unsloth/gpt-oss-20b") == "unsloth/gpt-oss-20b"
+    assert models.trained_base(run / "final", "elsewhere/gone") == "elsewhere/gone"
+
+
 @pytest.mark.parametrize("hole", list(HOLES))
 def test_a_merge_missing_a_tensor_or_holding_nan_is_wrong_without_the_float32_step(tiny, tmp_path, hole, monkeypatch,
                                                                                    capsys):  # fmt: skip
