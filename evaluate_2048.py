@@ -170,11 +170,16 @@ def load_model(args: EvalArguments):
     """(model, tokenizer) from local files: a full model, or a base model with the LoRA adapter on top."""
 
     base = args.model
+    if args.adapter is not None:
+        config, problem = models.adapter_config_problem(Path(args.adapter))
+        problem = problem or models.adapter_weights_problem(Path(args.adapter))
+        if problem:
+            die(f"--adapter {args.adapter}: {problem}")
     if args.adapter is not None and base is None:
-        config = json.loads((Path(args.adapter) / "adapter_config.json").read_text())
         base = config.get("base_model_name_or_path")
-        if not base:
+        if not base or not isinstance(base, str):
             die(f"--adapter {args.adapter}: adapter_config.json names no base model; pass --model")
+        base = models.trained_base(Path(args.adapter), base)  # an older run's relative path, from any folder
         if base in models.FUSED_CHECKPOINT:  # a default run's: Unsloth's split 4-bit checkpoint
             print(f"evaluate_2048: {base} stores GPT-OSS's experts split for Unsloth's 4-bit classes; evaluating on "
                   f"the same model in transformers' layout, {models.FUSED_CHECKPOINT[base]} (--model picks another)")  # fmt: skip
@@ -182,6 +187,8 @@ def load_model(args: EvalArguments):
         elif args.adapter is not None and split_checkpoint(base):
             die(f"--adapter {args.adapter}: its base {base} stores GPT-OSS's experts split (Unsloth's 4-bit layout), "
                 "which transformers cannot load; pass --model with the same weights in transformers' layout")
+    if args.adapter is not None:
+        check_base(Path(args.adapter), base)
     import torch
     import transformers
     from trl import ModelConfig
@@ -205,11 +212,25 @@ def load_model(args: EvalArguments):
     return model, tokenizer
 
 
+def check_base(adapter: Path, base: str) -> None:
+    """The adapter goes on the base it was trained on (its train_2048_base.json): another base is one line, exit 2;
+    a base that cannot be compared (an older adapter, no embedding in the files) is said in one line, and evaluated."""
+    folder, _ = models.checkpoint_files(base)
+    other, note = models.compare_base(adapter, folder, base)
+    if other:
+        die(f"--adapter {adapter}: {other}; --model names the model it was trained on")
+    if note:
+        print(f"evaluate_2048: {note}", file=sys.stderr)
+
+
 def split_checkpoint(folder: str) -> bool:
     """A local checkpoint whose tensors are Unsloth's split experts (gate_up_projs.<e>), not transformers' fused ones."""
     index = Path(folder) / "model.safetensors.index.json"
     if index.is_file():
-        names = json.loads(index.read_text()).get("weight_map", {})
+        try:
+            names = models.tensor_files(Path(folder))
+        except ValueError:  # a damaged index: the load says so in its own line
+            return False
     else:
         from safetensors import safe_open
 

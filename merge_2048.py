@@ -79,18 +79,19 @@ def parse_args(argv: list[str] | None) -> MergeArguments:
 
 
 def check_inputs(args: MergeArguments) -> tuple[Path, str, Path]:
-    """(adapter folder, base checkpoint, output folder), checked with nothing loaded: one line and exit 2 otherwise."""
+    """(adapter folder, base checkpoint, output folder), checked with nothing loaded: one line and exit 2 otherwise.
+    An existing output folder is replaced only with --overwrite_output_dir, and only when a merge wrote it."""
     adapter = Path(args.adapter).expanduser()
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         if not (adapter / name).is_file():
             die(f"--adapter {args.adapter}: no {name} there (not a LoRA adapter folder: a run's final/ or checkpoint-N)")
-    try:
-        config = json.loads((adapter / "adapter_config.json").read_text())
-    except (OSError, ValueError) as error:
-        die(f"--adapter {args.adapter}: its adapter_config.json does not read ({models.one_line(error)})")
-    trained_on = config.get("base_model_name_or_path") if isinstance(config, dict) else None
-    if not (args.base or trained_on):
+    config, problem = models.adapter_config_problem(adapter)
+    if problem:
+        die(f"--adapter {args.adapter}: {problem}")
+    trained_on = config.get("base_model_name_or_path")
+    if not (args.base or (isinstance(trained_on, str) and trained_on)):
         die(f"--adapter {args.adapter}: adapter_config.json names no base model; pass --base")
+    trained_on = models.trained_base(adapter, trained_on) if not args.base else trained_on
     try:
         base = models.merge_base(args.base or trained_on)
     except ValueError as error:
@@ -101,9 +102,12 @@ def check_inputs(args: MergeArguments) -> tuple[Path, str, Path]:
     for kept, what in ((adapter, "the adapter"), (Path(base).expanduser(), "the base")):
         if kept.exists() and (output.resolve() == kept.resolve() or output.resolve() in kept.resolve().parents):
             die(f"--output_dir {output} holds {what} ({kept}): the merge goes elsewhere")
-    if output.exists() and not args.overwrite_output_dir:
+    if (output.exists() or output.is_symlink()) and not args.overwrite_output_dir:
         die(f"--output_dir {output} exists (an earlier merge?): --overwrite_output_dir replaces it, or name another "
             "--output_dir")
+    if (output.exists() or output.is_symlink()) and models.written_by(output) != "merge_2048":
+        die(f"--output_dir {output} exists and merge_2048 did not write it (no {models.MARK} of a merge there): "
+            "--overwrite_output_dir replaces only a merge's folder; name another --output_dir")
     if args.log_file:
         try:
             Path(args.log_file).open("a").close()
@@ -126,13 +130,20 @@ def start_logging(log_file: str | None) -> None:
     logger.propagate = False
 
 
-def advice(report: dict, adapter: Path) -> str:
+def advice(report: dict, adapter: Path, quantized: str | None = None) -> str:
+    """What the merged model is, for the user: with `quantized` (the adapters were trained on NF4 or MXFP4 weights and
+    merged into the 16-bit original) never "the trained one", which it is not."""
     if report["kept"] is None:
         return "the adapters change no weight (LoRA B is zero: nothing was learned), so the merged model is the base"
+    trained = (f"the adapters were trained on {quantized.upper()} weights and are merged into the 16-bit original: the "
+               f"merged model is that original plus the adapters, not the {quantized.upper()} model that was trained "
+               "(quantization moves a weight by more than the adapters do), so evaluate it before serving it"
+               ) if quantized else None  # fmt: skip
     if report["kept"] >= models.MERGED_KEPT:
-        return "16-bit weights hold the adapters: the merged model is the trained one"
+        return trained or "16-bit weights hold the adapters: the merged model is the trained one"
     return (f"16-bit weights cannot hold what the adapters learned, so the adapters ({adapter}) are the faithful "
-            "result: serve them on the base, or merge again after a longer run, whose larger changes 16 bits keep")  # fmt: skip
+            "result: serve them on the base, or merge again after a longer run, whose larger changes 16 bits keep"
+            + (f"; and {trained}" if trained else ""))  # fmt: skip
 
 
 def summary(report: dict, output: Path) -> str:
@@ -153,6 +164,7 @@ def summary(report: dict, output: Path) -> str:
 
 def merge(args: MergeArguments) -> int:
     adapter, base_name, output = check_inputs(args)
+    trained_on = models.adapter_config_problem(adapter)[0].get("base_model_name_or_path")
     start_logging(args.log_file)
     import transformers
 
@@ -160,14 +172,22 @@ def merge(args: MergeArguments) -> int:
     transformers.utils.logging.disable_progress_bar()
     try:
         base = models.checkpoint_folder(base_name)  # a hub checkpoint is downloaded unless cached
+    except Exception as error:  # noqa: BLE001 - the hub's errors (no network, no such file): one line
+        die(f"cannot fetch {base_name}: {type(error).__name__}: {models.one_line(error)}")
+    missing = models.missing_weights(base, base_name)
+    if missing:
+        die(missing)
+    other, note = models.compare_base(adapter, base, base_name)
+    if other:
+        die(f"{other}; --base names the 16-bit checkpoint of the same weights")
+    if note:
+        log.warning(note)
+    try:
         products, whole = models.adapter_products(adapter, models.tensor_shapes(base))
     except ValueError as error:
         die(str(error))
-    except Exception as error:  # noqa: BLE001 - the hub's errors (no network, no such file): one line
-        die(f"cannot fetch {base_name}: {type(error).__name__}: {models.one_line(error)}")
-    tmp = models.fresh(output)
     try:
-        tmp.mkdir(parents=True)
+        tmp = models.fresh(output)
     except OSError as error:
         die(f"--output_dir {output}: cannot write there ({error.strerror or error})")
     pairs = sum(len(p) for p in products.values())
@@ -181,7 +201,9 @@ def merge(args: MergeArguments) -> int:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # never a half-written merge beside the adapters
         raise
-    report.update(base=base_name, merged=str(output), advice=advice(report, adapter))
+    quantized = models.trained_quantized(adapter, trained_on)
+    report.update(base=base_name, merged=str(output), trained_on_quantized=quantized,
+                  advice=advice(report, adapter, quantized))  # fmt: skip
     if report["wrong"]:
         shutil.rmtree(tmp, ignore_errors=True)
         more = f" (and {len(report['wrong']) - 3} more)" if len(report["wrong"]) > 3 else ""
@@ -189,8 +211,12 @@ def merge(args: MergeArguments) -> int:
                   f"the adapters in {adapter} are untouched")  # fmt: skip
         return 1
     (tmp / "merge_report.json").write_text(json.dumps(report, indent=1) + "\n")
-    models.publish(tmp, output)
-    holds = report["kept"] is None or report["kept"] >= models.MERGED_KEPT
+    try:
+        models.publish(tmp, output, "merge_2048")
+    except models.NotOurs as error:  # a folder put there since the start: left as it is
+        shutil.rmtree(tmp, ignore_errors=True)
+        die(f"--output_dir {error}")
+    holds = report["kept"] is None or (report["kept"] >= models.MERGED_KEPT and not quantized)
     log.log(logging.INFO if holds else logging.WARNING, summary(report, output))
     return 0
 

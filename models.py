@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,21 +92,49 @@ def _no_hub_kernel_warning(record: logging.LogRecord) -> bool:
     return "gemm_4bit_forward from kernels-community" not in record.getMessage()
 
 
+MARK = ".train_2048-wrote-this"  # in every folder publish() puts in place: {"by": the command that wrote it}
+
+
+class NotOurs(ValueError):
+    """A folder in the way that this project did not write: never replaced, never deleted."""
+
+
 def fresh(path: Path) -> Path:
-    """An empty temporary sibling of `path` to write into; publish() moves it into place when complete."""
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    return tmp
+    """A new empty folder beside `path` to write into, named as no user names a folder (mkdtemp's .train_2048-XXXX):
+    never `<path>.tmp`, which may be the user's. publish() moves it into place when it is complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=path.parent, prefix=".train_2048-"))
 
 
-def publish(tmp: Path, path: Path) -> None:
-    """Swap a fully written folder in for `path`, so `path` is never half-written."""
-    old = path.with_name(path.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if path.exists():
-        path.rename(old)
-    tmp.rename(path)
-    shutil.rmtree(old, ignore_errors=True)
+def written_by(path: Path) -> str | None:
+    """Which of our commands wrote the folder `path` (its MARK file), or None: a user's folder, or not a folder."""
+    import user_files
+
+    if path.is_symlink() or not path.is_dir():
+        return None
+    try:
+        mark = user_files.read_json(path / MARK, 4096, "mark")
+    except user_files.FileRefused:
+        return None
+    return mark.get("by") if isinstance(mark, dict) and isinstance(mark.get("by"), str) else None
+
+
+def publish(tmp: Path, path: Path, by: str) -> None:
+    """Mark the fully written folder `tmp` as `by`'s and swap it in for `path`, so `path` is never half-written. An
+    existing `path` is replaced only when `by` wrote it (its MARK): NotOurs otherwise, with nothing touched. The old
+    folder goes through a mkdtemp folder of our own before it is deleted, never through a name a user may hold."""
+    import user_files
+
+    user_files.write_new(tmp / MARK, json.dumps({"by": by}) + "\n")
+    if not (path.exists() or path.is_symlink()):
+        os.rename(tmp, path)
+        return
+    if written_by(path) != by:
+        raise NotOurs(f"{path} exists and {by} did not write it (no {MARK} of its own there): it is left as it is")
+    old = Path(tempfile.mkdtemp(dir=path.parent, prefix=".train_2048-old-"))
+    os.rename(path, old / path.name)
+    os.rename(tmp, path)
+    shutil.rmtree(old)
 
 
 def build_tiny_model(path: Path, corpus: list[str], seed: int) -> Path:
@@ -116,7 +145,7 @@ def build_tiny_model(path: Path, corpus: list[str], seed: int) -> Path:
     output directory (a resume reuses it), in a temporary folder renamed at the end.
     """
     if (path / "config.json").exists():
-        return path
+        return path.resolve()
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -137,10 +166,14 @@ def build_tiny_model(path: Path, corpus: list[str], seed: int) -> Path:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     tmp = fresh(path)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    publish(tmp, path)
-    return path
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        publish(tmp, path, "train_2048")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path.resolve()  # absolute: adapter_config.json and train_2048_base.json name it from any working folder
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int = 600):
@@ -213,9 +246,12 @@ def not_a_model(path: str) -> str | None:
     if (folder / "config.json").is_file():
         return None
     if (folder / "adapter_config.json").is_file():
+        import user_files
+
         try:
-            base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
-        except (OSError, ValueError, AttributeError):
+            base = user_files.read_json(folder / "adapter_config.json", what="adapter_config.json").get(
+                "base_model_name_or_path")
+        except (ValueError, AttributeError):
             base = None
         return f"it holds LoRA adapters, not a model (their base model: {base or 'not named'})"
     return "no config.json there, so not a model folder (one holds config.json, the weights and the tokenizer)"
@@ -351,8 +387,10 @@ def split_experts(state_dict: dict) -> dict:
 def split_expert_lora(adapter) -> bool:
     """True for an adapter trained on Unsloth's split experts (a default run's): LoRA on gate_up_projs.<e> and
     down_projs.<e>, which transformers' fused experts do not have."""
-    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
-    targets = config.get("target_modules") or []
+    import user_files
+
+    config = user_files.read_json(Path(adapter) / "adapter_config.json", what="adapter_config.json")
+    targets = (config.get("target_modules") if isinstance(config, dict) else None) or []
     if isinstance(targets, str):
         return "gate_up_projs" in targets or "down_projs" in targets
     return any(SPLIT_TARGET.fullmatch(t) for t in targets)
@@ -370,7 +408,9 @@ def attach_split_expert_lora(model, folder: Path):
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    config = json.loads((folder / "adapter_config.json").read_text())
+    import user_files
+
+    config = user_files.read_json(folder / "adapter_config.json", what="adapter_config.json")
     saved = load_file(str(folder / "adapter_model.safetensors"))
     trained = sorted({key.rpartition(".lora_A")[0].removeprefix("base_model.model.") for key in saved if ".lora_A" in key})
     kinds = sorted({match["kind"] for match in map(SPLIT_EXPERT.match, trained) if match})
@@ -405,6 +445,354 @@ def attach_split_expert_lora(model, folder: Path):
     return peft_model
 
 
+# --- which base an adapter was trained on -----------------------------------------------------------------------
+# Every adapter folder a run saves holds BASE_FILE: the base's name as given, its absolute path (a local folder) or hub
+# revision (the cached snapshot's commit), how it is quantized, and a fingerprint: a few values at fixed positions of
+# the tensors stored unquantized in a 4-bit checkpoint and in its 16-bit original alike (the embedding, the final
+# norm), read from the safetensors files. A merge or an evaluation on other weights is refused by it; 4-bit and 16-bit
+# copies of the same model agree.
+BASE_FILE = "train_2048_base.json"
+FINGERPRINTED = {"embed_tokens": re.compile(r"(?:.*\.)?embed_tokens\.weight"),
+                 "norm": re.compile(r"(?:.*\.)?(?<!layers\.)(?:model|language_model)\.norm\.weight")}  # fmt: skip
+FINGERPRINT_VALUES = 8
+
+
+def checkpoint_files(name: str, revision: str | None = None) -> tuple[Path | None, str | None]:
+    """(the folder holding `name`'s files here, the hub revision they are) with nothing downloaded: a local folder
+    (absolute), or the snapshot of the hub's cache that holds its config.json (its commit); (None, None) if neither."""
+    local = Path(name).expanduser()
+    if local.is_dir():
+        return local.resolve(), None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json", revision=revision)
+    except Exception:  # noqa: BLE001 - not a hub name either
+        return None, None
+    if not isinstance(found, str):
+        return None, None
+    return Path(found).parent, Path(found).parent.name  # .../snapshots/<commit>/config.json
+
+
+def fingerprint(folder: Path) -> dict:
+    """{embed_tokens / norm: {shape, values at fixed positions}} read from the checkpoint's safetensors headers and a
+    few bytes of data each, nothing loaded; {} when neither tensor is stored there (or the files do not read)."""
+    import math
+
+    from safetensors import safe_open
+
+    try:
+        files = tensor_files(folder)
+    except Exception:  # noqa: BLE001 - no weights here, or damaged ones: nothing to compare
+        return {}
+    found = {}
+    for key, pattern in FINGERPRINTED.items():
+        name = min((n for n in files if pattern.fullmatch(n)), key=len, default=None)
+        if name is None:
+            continue
+        try:
+            with safe_open(str(files[name]), framework="pt") as f:
+                part = f.get_slice(name)
+                shape = list(part.get_shape())
+                count = math.prod(shape)
+                values = []
+                for i in range(min(FINGERPRINT_VALUES, count)):
+                    flat = round(i * (count - 1) / max(1, FINGERPRINT_VALUES - 1))
+                    index = [slice(flat // math.prod(shape[d + 1:]) % shape[d], None) for d in range(len(shape))]
+                    index = tuple(slice(s.start, s.start + 1) for s in index)
+                    values.append(float(part[index].float().reshape(-1)[0]))
+        except Exception:  # noqa: BLE001 - a damaged shard: nothing to compare
+            continue
+        found[key] = {"shape": shape, "values": values}
+    return found
+
+
+def base_identity(name: str, revision: str | None = None, model=None) -> dict:
+    """What train_2048 records of the base it trains on (BASE_FILE), from its files; `model` the loaded model, whose
+    config names the checkpoint actually read (Unsloth loads unsloth/gpt-oss-20b in 4-bit from its -unsloth-bnb-4bit
+    copy) and how its weights were quantized for training. Never raises."""
+    import user_files
+
+    config = getattr(model, "config", None)
+    loaded = getattr(config, "_name_or_path", None) or name
+    folder, commit = checkpoint_files(loaded, revision)
+    if folder is None and loaded != name:
+        folder, commit = checkpoint_files(name, revision)
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is not None and not isinstance(quantization, dict):
+        quantization = quantization.to_dict() if hasattr(quantization, "to_dict") else {"quant_method": "quantized"}
+    if quantization is None and folder is not None:
+        try:
+            stored = user_files.read_json(folder / "config.json", what="the base's config.json")
+            quantization = stored.get("quantization_config") if isinstance(stored, dict) else None
+        except user_files.FileRefused:
+            pass
+    quantized = None
+    if isinstance(quantization, dict):
+        quantized = (quantization.get("bnb_4bit_quant_type") or "4-bit") if quantization.get("load_in_4bit") else (
+            quantization.get("quant_method") or "quantized")  # fmt: skip
+    local = Path(loaded).expanduser().is_dir()
+    return {"name": name, "loaded": loaded, "path": str(folder) if local else None, "revision": None if local else commit,
+            "quantized": str(quantized) if quantized else None,
+            "fingerprint": fingerprint(folder) if folder is not None else {}}  # fmt: skip
+
+
+def trained_quantized(adapter: Path, trained_on: str | None) -> str | None:
+    """How the weights the adapter was trained on were quantized ("nf4"), from its BASE_FILE; for an adapter without
+    one, from the checkpoint it names: Unsloth's 4-bit checkpoints on the hub (FUSED_CHECKPOINT)."""
+    try:
+        identity = read_base_identity(adapter)
+    except ValueError:
+        identity = None
+    if identity is not None:
+        return identity.get("quantized") or None
+    if trained_on in FUSED_CHECKPOINT:  # Unsloth's NF4 checkpoints (the MXFP4 originals may have been trained in 16 bits)
+        return "nf4"
+    return None
+
+
+def write_base_identity(folder: Path, identity: dict) -> None:
+    """BASE_FILE into an adapter folder this run writes (replaced when the folder is saved again)."""
+    import user_files
+
+    path = Path(folder) / BASE_FILE
+    if path.is_file() and not path.is_symlink():
+        path.unlink()
+    user_files.write_new(path, json.dumps(identity, indent=1) + "\n")
+
+
+def read_base_identity(adapter: Path) -> dict | None:
+    """The adapter's BASE_FILE, or None (an adapter saved before it existed, or elsewhere). ValueError when damaged."""
+    import user_files
+
+    path = Path(adapter) / BASE_FILE
+    if not path.exists():
+        return None
+    try:
+        identity = user_files.read_json(path, 1 << 20, "the adapter's base record")
+    except user_files.FileRefused as error:
+        raise ValueError(str(error)) from None
+    if not isinstance(identity, dict) or not isinstance(identity.get("name"), str):
+        raise ValueError(f"{path}: not a record of a base model (no name)")
+    return identity
+
+
+def trained_base(adapter: Path, name: str) -> str:
+    """The base an adapter names, as a path that works from here: a relative path written by an older run (the CPU
+    demo's outputs/cpu-demo/tiny-model) is looked for against the adapter's parents, then as <run folder>/<its last
+    part>; otherwise `name` as it is (a hub name, an absolute path)."""
+    given = Path(name).expanduser()
+    if given.is_absolute() or given.is_dir() or not name:
+        return name
+    run = Path(adapter).resolve().parent
+    for candidate in [*(p / given for p in run.parents), run / given, run / given.name]:
+        if (candidate / "config.json").is_file():
+            return str(candidate)
+    return name
+
+
+def same_fingerprint(a: list, b: list) -> bool:
+    """Equal values rounded to bf16 (a 16-bit original stored in float32 agrees with its bf16 copy); NaN equals NaN."""
+    import torch
+
+    x, y = torch.tensor(a, dtype=torch.float64).bfloat16(), torch.tensor(b, dtype=torch.float64).bfloat16()
+    return x.shape == y.shape and bool(((x == y) | (x.isnan() & y.isnan())).all())
+
+
+def compare_base(adapter: Path, folder: Path | None, label: str) -> tuple[str | None, str | None]:
+    """(why the base in `folder` is not the one the adapter was trained on, None), or (None, a note when it cannot be
+    told), or (None, None) when the fingerprints agree. `label` names the base as the user gave it."""
+    try:
+        identity = read_base_identity(adapter)
+    except ValueError as error:
+        return None, f"the base cannot be checked ({error})"
+    if identity is None:
+        return None, f"{adapter} holds no {BASE_FILE} (saved before it was written): its base cannot be checked"
+    trained = identity["name"] + (f" (revision {identity['revision']})" if identity.get("revision") else "")
+    recorded = identity.get("fingerprint") or {}
+    here = fingerprint(folder) if folder is not None else {}
+    common = sorted(recorded.keys() & here.keys())
+    if not common:
+        where = "the trained base's record" if not recorded else f"{label}'s files"
+        return None, (f"the base cannot be checked: no embedding or final norm in {where} to compare ({trained} "
+                      f"against {label})")  # fmt: skip
+    for key in common:
+        ours, theirs = recorded[key], here[key]
+        if list(ours.get("shape", [])) != theirs["shape"]:
+            return (f"{label} is not the model {adapter} was trained on ({trained}): its {key} is "
+                    f"{tuple(theirs['shape'])}, the trained base's {tuple(ours.get('shape', []))}"), None
+        if not same_fingerprint(ours.get("values", []), theirs["values"]):
+            differ = sum(not same_fingerprint([x], [y]) for x, y in zip(ours.get("values", []), theirs["values"]))
+            return (f"{label} is not the model {adapter} was trained on ({trained}): {differ} of "
+                    f"{len(theirs['values'])} {key} values at fixed positions differ"), None
+    return None, None
+
+
+# --- an adapter's files, checked before they are used --------------------------------------------------------------
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                     "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}  # fmt: skip
+MAX_UNBOUNDED = 4  # repeats along one path of a target_modules pattern: Unsloth's GPT-OSS pattern has 4
+
+
+def safetensors_problem(file: Path) -> str | None:
+    """What is wrong with a safetensors file's header, checked before a tensor is read: run_folder's framing check
+    (the header parses, the file is as long as it says), then every tensor's dtype known, its shape times its dtype's
+    size equal to its offsets, its offsets within the data and apart from the others'."""
+    import math
+    import stat
+
+    import run_folder
+
+    try:
+        info = os.stat(file)
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error})"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    damage = run_folder.safetensors_damage(file)
+    if damage:
+        return damage
+    with open(file, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    data = info.st_size - 8 - size
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict):
+            return f"{name}: its header entry is not a record"
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in SAFETENSORS_BYTES:
+            return f"{name}: unknown dtype {dtype!r}"
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            return f"{name}: shape {shape!r} is not a list of sizes"
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1] <= data):  # fmt: skip
+            return f"{name}: offsets {offsets!r} lie outside its {data} bytes of data"
+        if math.prod(shape) * SAFETENSORS_BYTES[dtype] != offsets[1] - offsets[0]:
+            return f"{name}: shape {shape} of {dtype} does not fill its {offsets[1] - offsets[0]} bytes"
+        spans.append(offsets)
+    spans.sort()
+    if any(b[0] < a[1] for a, b in zip(spans, spans[1:])):
+        return "two tensors share bytes"
+    return None
+
+
+def target_modules_problem(targets) -> str | None:
+    """Why PEFT must not be handed an adapter's target_modules (None: it may). A list is matched by name; a string is a
+    regular expression PEFT runs with re.fullmatch against every module name, where a nested repeat such as (.|.)*Z
+    backtracks for ever. Accepted: a plain name, "all-linear", or a pattern of the kind Unsloth writes (its
+    get_peft_regex and the per-expert widening): repeats of single characters only, at most MAX_UNBOUNDED along any
+    one path, no back-references."""
+    if targets is None or (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+        return None
+    if not isinstance(targets, str):
+        return f"target_modules is {type(targets).__name__}, neither a list of module names nor a pattern"
+    if targets == "all-linear" or re.fullmatch(r"[\w.\-]+", targets):
+        return None
+    if len(targets) > 8192:
+        return f"target_modules is a pattern of {len(targets)} characters, longer than any training writes"
+    from re import _constants as c
+    from re import _parser
+
+    try:
+        parsed = _parser.parse(targets)
+    except re.error as error:
+        return f"target_modules {targets[:60]!r} is not a regular expression ({error})"
+    single = {c.LITERAL, c.NOT_LITERAL, c.ANY, c.IN, c.CATEGORY}
+    repeats = {c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)}
+
+    def depth(items) -> int:  # unbounded repeats along the costliest path; -1: refused
+        total = 0
+        for op, av in items:
+            if op in repeats:
+                low, high, body = av
+                if len(body) != 1 or body[0][0] not in single:
+                    return -1
+                total += high > 1
+            elif op is c.BRANCH:
+                parts = [depth(b) for b in av[1]]
+                if min(parts) < 0:
+                    return -1
+                total += max(parts)
+            elif op is c.SUBPATTERN or op in (c.ASSERT, c.ASSERT_NOT):
+                inner = depth(av[-1])
+                if inner < 0:
+                    return -1
+                total += inner
+            elif op in single or op is c.AT:
+                continue
+            else:  # back-references, conditionals, atomic groups: not what training writes
+                return -1
+        return total
+
+    found = depth(parsed)
+    if found < 0 or found > MAX_UNBOUNDED:
+        return (f"target_modules is the pattern {targets[:60]!r}{'...' if len(targets) > 60 else ''}, not one training "
+                "writes (a repeat of a group, or too many repeats: re.fullmatch on it may never end)")  # fmt: skip
+    return None
+
+
+def adapter_config_problem(folder: Path) -> tuple[dict | None, str | None]:
+    """(adapter_config.json, None) when it can be handed to PEFT, else (None, why): read as a user's file, a LoRA rank
+    and a finite alpha, a target_modules PEFT can match, and adapter_model.safetensors' header whole."""
+    import math
+
+    import user_files
+
+    try:
+        config = user_files.read_json(Path(folder) / "adapter_config.json", what="adapter_config.json")
+    except user_files.FileRefused as error:
+        return None, f"its adapter_config.json does not read ({str(error).rpartition(': ')[2] or error})"
+    if not isinstance(config, dict):
+        return None, "its adapter_config.json is not a record"
+    rank, alpha = config.get("r"), config.get("lora_alpha")
+    if config.get("peft_type", "LORA") == "LORA":
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+            return None, f"its adapter_config.json gives LoRA rank r = {rank!r}, not a positive whole number"
+        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+            return None, f"its adapter_config.json gives lora_alpha = {alpha!r}, not a finite number"
+    problem = target_modules_problem(config.get("target_modules"))
+    if problem:
+        return None, f"its adapter_config.json: {problem}"
+    weights = Path(folder) / "adapter_model.safetensors"
+    if weights.exists():
+        problem = safetensors_problem(weights)
+        if problem:
+            return None, f"{weights.name} is damaged ({problem})"
+    return config, None
+
+
+def adapter_weights_problem(folder: Path) -> str | None:
+    """NaN or inf in adapter_model.safetensors (a run that diverged, a damaged file), read one tensor at a time after
+    adapter_config_problem has checked its header; None when every value is finite."""
+    from safetensors import safe_open
+
+    weights = Path(folder) / "adapter_model.safetensors"
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has keys(), no iteration)
+                problem = non_finite_tensors({name: f.get_tensor(name)})
+                if problem:
+                    return f"{weights.name} holds {problem}: a run that diverged, or a damaged file"
+    except Exception as error:  # noqa: BLE001 - a file that does not read: the user's to fix, in one line
+        return f"{weights.name} does not read ({one_line(error, 200)})"
+    return None
+
+
+def non_finite_tensors(tensors: dict) -> str | None:
+    """Which saved tensors hold NaN or inf, in a few words (None: every value is finite)."""
+    import torch
+
+    bad = {k: int((~torch.isfinite(t)).sum()) for k, t in tensors.items() if t.is_floating_point()}
+    bad = {k: n for k, n in bad.items() if n}
+    if not bad:
+        return None
+    first = sorted(bad)[0]
+    return f"{sum(bad.values())} values NaN or infinite in {len(bad)} tensors ({first}: {bad[first]})"
+
+
 # --- saving, and proving the save ------------------------------------------------------------------------------
 
 
@@ -420,14 +808,26 @@ def save_and_verify(trainer, tokenizer, *, save_method: str, verify: bool, use_p
 
     Returns False when a check fails. Every process calls this (sharded models save together); the main writes.
     """
+    from accelerate.utils import broadcast_object_list
+
     final = output_dir / "final"
     main = trainer.accelerator.is_main_process
-    tmp = fresh(final) if main else final.with_name("final.tmp")
+    name = [fresh(final).name if main else None]
+    broadcast_object_list(name)  # every process saves its part into the folder the main one made
+    tmp = output_dir / name[0]
     trainer.accelerator.wait_for_everyone()
-    trainer.save_model(str(tmp))
+    trainer.save_model(str(tmp))  # with train_2048_base.json (trainer.py's save_model)
     if not main:
         return True
-    publish(tmp, final)
+    if written_by(final) is None and (final / "adapter_config.json").is_file() and not final.is_symlink():
+        import user_files
+
+        user_files.write_new(final / MARK, json.dumps({"by": "train_2048"}) + "\n")  # an older version's save
+    try:
+        publish(tmp, final, "train_2048")
+    except NotOurs as error:
+        log.error(f"{error}; the adapters are in {tmp}")
+        return False
     log.info(f"saved the LoRA adapters and the tokenizer to {final}")
     model, ok = trainer.model, True
     trainer.optimizer = trainer.lr_scheduler = None  # room for the checks
@@ -453,12 +853,13 @@ def unsloth_mxfp4(model, tokenizer, folder: Path) -> bool:
     tmp = fresh(folder)
     try:
         model.save_pretrained_merged(str(tmp), tokenizer, save_method="mxfp4")
+        publish(tmp, folder, "train_2048")
     except Exception as error:  # noqa: BLE001 - after training, one line: final/ holds the adapters
+        shutil.rmtree(tmp, ignore_errors=True)
         log.error(f"{folder}: Unsloth's mxfp4 save failed ({type(error).__name__}: "
                   f"{one_line(error, 400)}); final/ holds the adapters")  # fmt: skip
         log.debug("the mxfp4 save failed", exc_info=True)
         return False
-    publish(tmp, folder)
     log.warning(f"saved {folder} (Unsloth's mxfp4 export, not checked: evaluate_2048.py --model {folder} plays it)")
     return True
 
@@ -563,6 +964,7 @@ def release(trainer) -> None:
 # from the model PEFT built from them), so a LoRA that the loading or the merge lost, a wrong scale or a dropped module
 # shows wherever its change crosses a rounding boundary, which some weights' changes do at any adapter size (the
 # smallest weights have the finest 16-bit digits).
+MERGED_SHARD = "5GB"  # the merged checkpoint's shards: transformers' default is 50GB, more than many uploads take
 MERGE_SLACK = 2.0**-7  # of |scale| |B| |A|: PEFT rounds the product to 16 bits before adding it (fused experts)
 SUM_SLACK = 2.0**-20  # of |W|: the float32 arithmetic of the sum
 
@@ -624,10 +1026,15 @@ def read_config(name: str) -> dict:
         except Exception as error:  # offline (HF_HUB_OFFLINE) or no network, and not in the cache
             raise ValueError(f"{name} cannot be reached on the Hugging Face hub from here, and is not in its cache "
                              f"({one_line(error, 200)})") from error  # fmt: skip
+    import user_files
+
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as error:
+        config = user_files.read_json(path, what="config.json")
+    except user_files.FileRefused as error:
         raise ValueError(f"{name} is not a model folder (no readable config.json: {error})") from error
+    if not isinstance(config, dict):
+        raise ValueError(f"{name} is not a model folder (its config.json is not a record)")
+    return config
 
 
 def checkpoint_folder(name: str) -> Path:
@@ -645,14 +1052,41 @@ def tensor_files(folder: Path) -> dict[str, Path]:
     """Each tensor of a safetensors checkpoint, and the shard that holds it."""
     from safetensors import safe_open
 
+    import user_files
+
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        return {name: folder / shard for name, shard in json.loads(index.read_text())["weight_map"].items()}
+        weight_map = user_files.read_json(index, what="model.safetensors.index.json").get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) and "/" not in v for v in weight_map.values()):
+            raise ValueError(f"{index}: its weight_map does not name shards of this folder")
+        return {name: folder / shard for name, shard in weight_map.items()}
     files = {}
     for shard in sorted(folder.glob("*.safetensors")):
         with safe_open(str(shard), framework="pt") as f:
             files.update(dict.fromkeys(f.keys(), shard))  # noqa: SIM118 (safe_open has keys(), no iteration)
     return files
+
+
+def missing_weights(folder: Path, name: str) -> str | None:
+    """Why the checkpoint `name` in `folder` has no weights here (None: every shard its index names is there): a hub
+    snapshot cached in part (config.json alone, after a config look-up) is a folder without them."""
+    shards = sorted(p.name for p in folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            needed = sorted({p.name for p in tensor_files(folder).values()})
+        except ValueError as error:
+            return str(error)
+        absent = [shard for shard in needed if not (folder / shard).is_file()]
+        if absent:
+            return (f"{name}: {len(absent)} of the {len(needed)} weight files its index names are not in {folder} "
+                    f"({', '.join(absent[:3])}): download them, or run where the hub can be reached")  # fmt: skip
+        return None
+    if not shards:
+        held = ", ".join(sorted(p.name for p in folder.iterdir())[:4]) or "nothing"
+        return (f"{name}: its weights (*.safetensors) are not in {folder} (it holds {held}): a hub checkpoint cached in "
+                "part; download it, or run where the hub can be reached")  # fmt: skip
+    return None
 
 
 def tensor_shapes(folder: Path) -> dict[str, tuple]:
@@ -677,13 +1111,18 @@ def adapter_products(folder: Path, shapes: dict[str, tuple]) -> tuple[dict[str, 
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    config, problem = adapter_config_problem(folder)
+    if problem:
+        raise ValueError(f"{folder}: {problem}")
     try:
-        config = json.loads((folder / "adapter_config.json").read_text())
         saved = load_file(str(folder / "adapter_model.safetensors"))
     except (OSError, ValueError, SafetensorError) as error:  # a damaged or half-copied folder
         raise ValueError(f"{folder} does not read as an adapter ({one_line(error, 200)})") from error
-    if not isinstance(config, dict) or not isinstance(config.get("r"), int) or "lora_alpha" not in config:
+    if not isinstance(config.get("r"), int) or "lora_alpha" not in config:
         raise ValueError(f"{folder}: adapter_config.json names no LoRA rank and alpha")
+    problem = non_finite_tensors(saved)
+    if problem:
+        raise ValueError(f"{folder}: adapter_model.safetensors holds {problem}: a run that diverged, or a damaged file")
     if config.get("peft_type") != "LORA":
         raise ValueError(f"{folder} holds a {config.get('peft_type')} adapter, not LoRA")
     unsupported = {"use_dora": "DoRA", "rank_pattern": "ranks per module", "alpha_pattern": "alphas per module",
@@ -769,11 +1208,11 @@ def merge_adapters(adapter: Path, base: Path, out: Path, products: dict, whole: 
     dtype = dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16  # merged_16bit: 16 bits
     if merged.dtype != dtype:  # a float32 base (the CPU demo's)
         merged = merged.to(dtype)
-    merged.save_pretrained(out)
+    merged.save_pretrained(out, max_shard_size=MERGED_SHARD)
     tokenizer.save_pretrained(out)
     del model, merged
     _collect()
-    weights = judge_weights(out, base, products, whole, transposed)
+    weights = judge_weights(out, base, products, whole, transposed, dtype)
     report = {"adapter": str(adapter), "base": str(base), "dtype": str(dtype).removeprefix("torch."), **weights,
               "adapters_kl": None, "kl_to_unmerged": None, "kept_effect": None, "kept_effect_error": None}  # fmt: skip
     if report["wrong"]:
@@ -815,21 +1254,47 @@ def _load(folder: Path, dtype, gpu: bool):
 
 
 def _float32_room(base: Path) -> str | None:
-    """Where the base fits in float32 (4 bytes a weight, and a tenth more): "GPU" (free memory), "CPU" (available
-    memory), or None. A 20B model takes 84 GB: more than an H100 has, less than its host."""
+    """Where the base fits in float32 (4 bytes a weight, and a tenth more): "GPU" (free memory, less a tenth),
+    "CPU" (memory_available), or None. A 20B model takes 84 GB: more than an H100 has, less than its host."""
     import math
 
     import torch
 
     need = 4.4 * sum(math.prod(shape) for shape in tensor_shapes(base).values())
-    if torch.cuda.is_available() and sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())) > need:
-        return "GPU"
+    if torch.cuda.is_available():
+        free = sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+        if 0.9 * free > need:
+            return "GPU"
+    available = memory_available()
+    return "CPU" if available is None or available > need else None
+
+
+def memory_available(root: Path = Path("/")) -> int | None:
+    """Bytes this process can still take: the least of /proc/meminfo's MemAvailable and its cgroup's room (v2:
+    memory.max - memory.current; v1: memory.limit_in_bytes - memory.usage_in_bytes), which a container's limit sets and
+    MemAvailable does not show. None when none of them can be read (not Linux)."""
+    import user_files
+
+    def number(path: str) -> int | None:
+        try:
+            text = user_files.read_text(root / path, 1 << 16, "memory figure").strip()
+        except user_files.FileRefused:
+            return None
+        return int(text) if text.isdigit() else None  # "max": no limit
+
+    room = []
     try:
-        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-        available = int(meminfo["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):  # not Linux: ask nothing, try
-        return "CPU"
-    return "CPU" if available > need else None
+        meminfo = user_files.read_text(root / "proc/meminfo", 1 << 20, "/proc/meminfo")
+        fields = dict(line.split(":", 1) for line in meminfo.splitlines() if ":" in line)
+        room.append(int(fields["MemAvailable"].split()[0]) * 1024)
+    except (user_files.FileRefused, KeyError, ValueError, IndexError):
+        pass
+    for limit, usage in (("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory.current"),
+                         ("sys/fs/cgroup/memory/memory.limit_in_bytes", "sys/fs/cgroup/memory/memory.usage_in_bytes")):  # fmt: skip
+        cap, used = number(limit), number(usage)
+        if cap is not None and used is not None and cap < 1 << 60:  # v1 writes "no limit" as a huge number
+            room.append(max(0, cap - used))
+    return min(room) if room else None
 
 
 def _with_adapters(base: Path, adapter: Path, dtype, gpu: bool):
@@ -875,13 +1340,18 @@ def loading_problems(info: dict) -> str:
     return "; ".join(f"{len(info[k])} {k.replace('_', ' ')} ({sorted(map(str, info[k]))[:3]})" for k in kinds if info.get(k))
 
 
-def judge_weights(merged: Path, base: Path, products: dict, whole: dict, transposed: set[str]) -> dict:
+def judge_weights(merged: Path, base: Path, products: dict, whole: dict, transposed: set[str], dtype=None) -> dict:
     """Every tensor of the merged checkpoint against the base's, one shard and one slice at a time (a 20B model's
     expert tensors are 16 GB in float64): the base's own where no adapter reaches, else base + the adapters' products
     rounded as a 16-bit merge must round: within the two 16-bit neighbours of the exact sum, give or take the
     arithmetic the merge may do in 16 or 32 bits (MERGE_SLACK, SUM_SLACK). Also measured: how much of the adapters'
     change the 16-bit weights keep (the merged change projected on the adapters' own, over every weight they reach),
-    and how many weights they change that stay the base's in 16 bits."""
+    and how many weights they change that stay the base's in 16 bits.
+
+    Every base tensor must be there, of the base's shape, and of the base's dtype, the merge's 16-bit `dtype`, or
+    float32 (transformers keeps GPT-OSS's norms in float32, which holds every 16-bit value): a checkpoint missing one
+    loads with that tensor random, and is wrong whatever else is compared. A merged weight that is NaN or infinite
+    where base + adapters is finite is wrong (every comparison with NaN is false)."""
     import contextlib
 
     import torch
@@ -889,7 +1359,8 @@ def judge_weights(merged: Path, base: Path, products: dict, whole: dict, transpo
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     base_files, merged_files = tensor_files(base), tensor_files(merged)
-    wrong = [f"{name} is missing" for name in sorted((products.keys() | whole.keys()) - merged_files.keys())]
+    wrong = [f"{name} is missing" for name in sorted((products.keys() | whole.keys() | base_files.keys())
+                                                     - merged_files.keys())]  # fmt: skip
     wrong += [f"{name} is not in the base" for name in sorted(merged_files.keys() - base_files.keys())]
     totals = dict.fromkeys(("along", "norm", "changed", "rounded_away"), 0)
     with contextlib.ExitStack() as stack:
@@ -905,8 +1376,16 @@ def judge_weights(merged: Path, base: Path, products: dict, whole: dict, transpo
             if got.shape != was.shape:
                 wrong.append(f"{name} is {tuple(got.shape)}, the base's {tuple(was.shape)}")
                 continue
+            if got.dtype not in {was.dtype, dtype or was.dtype, torch.float32} or (
+                    got.is_floating_point() != was.is_floating_point()):  # fmt: skip
+                wrong.append(f"{name} is {str(got.dtype).removeprefix('torch.')}, the base's "
+                             f"{str(was.dtype).removeprefix('torch.')}")  # fmt: skip
+                continue
             if name not in products and name not in whole:
-                differ = int((got != was.to(got.dtype)).sum())
+                same = got == was.to(got.dtype)
+                if got.is_floating_point():
+                    same |= got.isnan() & was.to(got.dtype).isnan()
+                differ = int((~same).sum())
                 if differ:
                     wrong.append(f"{name}: {differ} of {got.numel()} weights differ from the base's, and no adapter "
                                  "changes it")  # fmt: skip
@@ -965,7 +1444,8 @@ def _judge_slice(got, was, products: list[Product], whole, expert, rows, transpo
     plain = pick(was).to(device, merged.dtype)  # the base in 16 bits
     moved = merged.double() - plain.double()
     changed = delta != 0
-    return {"bad": int(((merged < low) | (merged > high)).sum()), "along": float((moved * delta).sum()),
+    broken = ~torch.isfinite(merged) & torch.isfinite(exact)  # NaN passes both comparisons below
+    return {"bad": int(((merged < low) | (merged > high) | broken).sum()), "along": float((moved * delta).sum()),
             "norm": float((delta * delta).sum()), "changed": int(changed.sum()),
             "rounded_away": int((changed & (merged == plain)).sum())}  # fmt: skip
 

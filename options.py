@@ -657,7 +657,7 @@ def check_merge_source(script_args, model_args, output_dir: Path) -> str | None:
         raise OptionError("--save_method merged_16bit merges LoRA adapters into their base: with --use_peft false final/ holds the "
             "whole trained model already")  # fmt: skip
     if model_args.model_name_or_path == models.TINY:
-        return str(output_dir / "tiny-model")  # built before training
+        return str((output_dir / "tiny-model").resolve())  # built before training (absolute: the merge runs anywhere)
     try:
         return models.merge_base(model_args.model_name_or_path)
     except ValueError as error:

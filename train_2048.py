@@ -125,6 +125,7 @@ def load_policy(script_args, training_args, model_args, backend: str, prompt: st
         gradient_checkpointing=training_args.gradient_checkpointing,
         trust_remote_code=training_args.trust_remote_code,
     )
+    model.train_2048_base = models.base_identity(model_name, model_args.model_revision, model)  # for each save
     if models.experts_layout(model) is not None:
         log.info(f"model: {models.describe_experts(model)}")
     if backend == "unsloth":

@@ -25,6 +25,7 @@ from trl import GRPOTrainer
 
 import evaluation
 import generation
+import models
 import rewards
 import run_folder
 import user_files
@@ -124,10 +125,15 @@ class GameGRPOTrainer(GRPOTrainer):
 
     # --- the strategy archive in each checkpoint ------------------------------------------------------------
 
+    base_identity: dict | None = None  # models.base_identity of the base trained on (train_2048's make_trainer)
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         # A checkpoint's save starts here, and transformers writes trainer_state.json, which marks it complete, last:
-        # the archive written now is in every checkpoint that --resume auto takes.
+        # the archive and the base's record written now are in every checkpoint that --resume auto takes; final/ is
+        # saved through here too (models.save_and_verify), so every adapter folder of a run names its base.
         super().save_model(output_dir, _internal_call)
+        if self.base_identity is not None and output_dir and self.args.should_save:
+            models.write_base_identity(Path(output_dir), self.base_identity)  # which base these adapters belong to
         if self.archive is not None and output_dir and Path(output_dir).name == f"checkpoint-{self.state.global_step}":
             self.archive.save_state(Path(output_dir))
 
@@ -601,6 +607,7 @@ def make_trainer(model, tokenizer, settings, plan, state, writer=None):
         archive=archive,
     )
     bar = quiet_console(trainer)
+    trainer.base_identity = getattr(model, "train_2048_base", None)  # train_2048_base.json in every adapter save
     if script_args.fast_generation:
         log.info(f"generation: {trainer.prepare_fast_generation()}")
     if writer is not None:  # one writer for the Trainer's scalars and ours, handed to transformers' own callback

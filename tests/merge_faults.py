@@ -26,3 +26,34 @@ def break_merge(monkeypatch, fault: str) -> None:
             return merge_and_unload(self, *args, **kwargs)
 
         monkeypatch.setattr(LoraModel, "merge_and_unload", without_one)
+
+
+# Merges wrong in ways only the checkpoint's own files show (tests/test_merge.py): a tensor no adapter touches left out
+# of the save, which the float32 comparison would catch on reload but the weights' judge must catch alone; a NaN in a
+# merged weight, which passes every `<`/`>` comparison.
+HOLES = {"a tensor left out": "model.norm.weight is missing", "a NaN weight": "model.layers.0.self_attn.q_proj.weight"}
+
+
+def break_save(monkeypatch, hole: str) -> None:
+    import torch
+    from peft.tuners.lora.model import LoraModel
+    from transformers import PreTrainedModel
+
+    if hole == "a tensor left out":
+        save = PreTrainedModel.save_pretrained
+
+        def without_norm(self, *args, **kwargs):
+            kwargs["state_dict"] = {k: v for k, v in self.state_dict().items() if k != "model.norm.weight"}
+            return save(self, *args, **kwargs)
+
+        monkeypatch.setattr(PreTrainedModel, "save_pretrained", without_norm)
+    else:
+        merge_and_unload = LoraModel.merge_and_unload
+
+        def with_nan(self, *args, **kwargs):
+            merged = merge_and_unload(self, *args, **kwargs)
+            with torch.no_grad():
+                merged.model.layers[0].self_attn.q_proj.weight[0, 0] = float("nan")
+            return merged
+
+        monkeypatch.setattr(LoraModel, "merge_and_unload", with_nan)

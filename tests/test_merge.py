@@ -21,7 +21,7 @@ import run_folder
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 import gpu_check  # noqa: E402
-from merge_faults import FAULTS, NAMED, break_merge  # noqa: E402
+from merge_faults import FAULTS, HOLES, NAMED, break_merge, break_save  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -49,15 +49,17 @@ def tiny(tmp_path_factory) -> Path:
         layer_types=["sliding_attention", "full_attention"], router_aux_loss_coef=0.0, tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
     )  # fmt: skip
-    torch.manual_seed(0)
-    GptOssForCausalLM(config).to(torch.bfloat16).save_pretrained(root / "base", max_shard_size="100KB")
-    tokenizer.save_pretrained(root / "base")
+    for seed, name in ((0, "base"), (1, "other-seed")):  # the same model built with another seed: other weights
+        torch.manual_seed(seed)
+        GptOssForCausalLM(config).to(torch.bfloat16).save_pretrained(root / name, max_shard_size="100KB")
+        tokenizer.save_pretrained(root / name)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                       target_parameters=models.GPT_OSS_EXPERTS)  # fmt: skip
     model = get_peft_model(GptOssForCausalLM.from_pretrained(root / "base"), lora)
     gpu_check.move_adapters(model, share=0.002)
     model.save_pretrained(root / "final")
     tokenizer.save_pretrained(root / "final")
+    models.write_base_identity(root / "final", models.base_identity(str(root / "base")))  # as a run's save writes it
     return root
 
 
@@ -91,7 +93,7 @@ def test_a_real_size_merge_is_correct_says_what_16_bits_keep_and_is_never_overwr
     assert 0.5 < report["kept"] < models.MERGED_KEPT and 0 < report["rounded_away"] < report["changed_weights"]
     assert report["distributions"] == "compared in float32 arithmetic, on the CPU" and report["kept_effect"] is not None
     assert "serve them on the base" in report["advice"] and report["base"] == str(tiny / "base")
-    assert sorted(p.name for p in tiny.iterdir()) == ["base", "final", "final-merged_16bit"]  # no .tmp, no .old
+    assert sorted(p.name for p in tiny.iterdir()) == ["base", "final", "final-merged_16bit", "other-seed"]  # nothing else
     first = (out / "model.safetensors").read_bytes()
     with pytest.raises(SystemExit) as stop:
         merge("--adapter", tiny / "final")
@@ -166,7 +168,8 @@ def bad_inputs(tiny: Path, tmp: Path) -> dict:
         "no such folder": (["--adapter", tmp / "missing"], ["no adapter_config.json there"]),
         "not an adapter": (["--adapter", tmp / "empty"], ["no adapter_config.json there", "final/ or checkpoint-N"]),
         "damaged config": (["--adapter", damaged["config"]], ["adapter_config.json does not read"]),
-        "damaged tensors": (["--adapter", damaged["tensors"], "--output_dir", tmp / "o1"], ["does not read as an adapter"]),
+        "damaged tensors": (["--adapter", damaged["tensors"], "--output_dir", tmp / "o1"],
+                            ["adapter_model.safetensors is damaged", "header"]),
         "DoRA": (["--adapter", damaged["dora"], "--output_dir", tmp / "o2"], ["DoRA"]),
         "older Unsloth": (["--adapter", damaged["legacy"], "--output_dir", tmp / "o5"], ["'grouped_by_expert'",
                                                                                        "save_pretrained_merged"]),
@@ -211,6 +214,236 @@ def test_help_lists_the_options(capsys):
     said = capsys.readouterr().out
     assert stop.value.code == 0 and all(f"--{o}" in said for o in ("adapter", "base", "output_dir", "overwrite_output_dir"))
     assert "Exit status: 0 a correct merge" in said
+
+
+# --- what the merge owns, which base it merges into, what it refuses ----------------------------------------------
+
+
+def listing(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+def test_overwrite_replaces_only_a_merges_folder(tiny, tmp_path, capsys):
+    """--overwrite_output_dir on a user's folder (no merge's mark): one line, exit 2, not a byte touched; a merge's own
+    folder is replaced."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my work")
+    before = listing(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        merge("--adapter", tiny / "final", "--output_dir", mine, "--overwrite_output_dir")
+    one_line_error(capsys, stop, str(mine), "merge_2048 did not write it", "name another --output_dir")
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_a_users_tmp_and_old_folders_beside_the_output_are_never_touched(tiny, tmp_path):
+    """merged.tmp/ and merged.old/ beside the output are the user's names: a merge and a merge over it leave them as
+    they are, and nothing of its own behind (its temporary folders are mkdtemp's .train_2048-*)."""
+    for name in ("merged.tmp", "merged.old"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "keep.txt").write_text(name)
+    assert merge("--adapter", tiny / "final", "--output_dir", tmp_path / "merged") == 0
+    assert merge("--adapter", tiny / "final", "--output_dir", tmp_path / "merged", "--overwrite_output_dir") == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged", "merged.old", "merged.tmp"]
+    assert all((tmp_path / n / "keep.txt").read_text() == n for n in ("merged.tmp", "merged.old"))
+    assert models.written_by(tmp_path / "merged") == "merge_2048"
+
+
+def test_a_base_built_with_another_seed_is_refused_naming_both(tiny, tmp_path, capsys):
+    """The same architecture with other weights (another seed): the adapter's train_2048_base.json tells them apart,
+    one line, exit 2, nothing written; evaluate_2048.py --model refuses it the same way."""
+    import evaluate_2048
+
+    with pytest.raises(SystemExit) as stop:
+        merge("--adapter", tiny / "final", "--base", tiny / "other-seed", "--output_dir", tmp_path / "merged")
+    one_line_error(capsys, stop, str(tiny / "other-seed"), f"is not the model {tiny / 'final'} was trained on",
+                   str(tiny / "base"), "embed_tokens values at fixed positions differ")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit) as stop:
+        evaluate_2048.main(["--adapter", str(tiny / "final"), "--model", str(tiny / "other-seed"), "--no-baselines",
+                            "--output_dir", str(tmp_path / "eval")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "\n" not in err and "is not the model" in err and str(tiny / "base") in err
+
+
+@pytest.mark.slow
+def test_an_older_runs_relative_base_is_found_from_another_working_folder(tiny, tmp_path, monkeypatch, capsys):
+    """An older CPU demo recorded its base as outputs/demo/tiny-model (relative to where it ran) and no
+    train_2048_base.json: merged from elsewhere, the base is found beside the run's adapters, with one line saying its
+    identity cannot be checked."""
+    run = tmp_path / "project" / "outputs" / "demo"
+    shutil.copytree(tiny / "base", run / "tiny-model")
+    shutil.copytree(tiny / "final", run / "final")
+    (run / "final" / models.BASE_FILE).unlink()
+    config = json.loads((run / "final" / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "outputs/demo/tiny-model"
+    (run / "final" / "adapter_config.json").write_text(json.dumps(config))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert merge("--adapter", run / "final", "--output_dir", tmp_path / "merged") == 0
+    said = capsys.readouterr().out
+    assert "its base cannot be checked" in said and f"into {run / 'tiny-model'}" in said
+
+
+def test_a_relative_base_is_looked_for_beside_a_moved_run(tmp_path, monkeypatch):
+    """outputs/cpu-demo/tiny-model recorded by an older run that was since moved (to runs/mine): found as <run
+    folder>/tiny-model; a hub name or a path found nowhere is left as it is."""
+    run = tmp_path / "runs" / "mine"
+    (run / "tiny-model").mkdir(parents=True)
+    (run / "tiny-model" / "config.json").write_text("{}")
+    (run / "checkpoint-4").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for adapter in (run / "final", run / "checkpoint-4"):
+        assert models.trained_base(adapter, "outputs/cpu-demo/tiny-model") == str(run / "tiny-model")
+    assert models.trained_base(run / "final", "unsloth/gpt-oss-20b") == "unsloth/gpt-oss-20b"
+    assert models.trained_base(run / "final", "elsewhere/gone") == "elsewhere/gone"
+
+
+@pytest.mark.parametrize("hole", list(HOLES))
+def test_a_merge_missing_a_tensor_or_holding_nan_is_wrong_without_the_float32_step(tiny, tmp_path, hole, monkeypatch,
+                                                                                   capsys):  # fmt: skip
+    """With no room for the float32 comparison (a 20B model on a small host), the weights' judge alone fails a merged
+    checkpoint that lacks a tensor no adapter touches, or holds a NaN: exit 1, one ERROR line, nothing published."""
+    monkeypatch.setattr(models, "_float32_room", lambda base: None)
+    break_save(monkeypatch, hole)
+    assert merge("--adapter", tiny / "final", "--output_dir", tmp_path / "merged") == 1
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "the merge is wrong" in line]
+    assert HOLES[hole] in line and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("case", ["NaN alpha", "infinite alpha", "NaN weights"])
+def test_non_finite_adapters_are_bad_input_in_one_line(tiny, tmp_path, case, capsys):
+    """NaN or inf in lora_alpha (JSON writes NaN and Infinity) or in the adapter's weights: bad input, one line, exit 2,
+    in merge_2048.py and evaluate_2048.py --adapter, never a traceback from deep in a library."""
+    from safetensors.torch import load_file, save_file
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(tiny / "final", adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    if case == "NaN weights":
+        tensors = load_file(str(adapter / "adapter_model.safetensors"))
+        first = sorted(tensors)[0]
+        tensors[first][0, 0] = float("nan")
+        save_file(tensors, str(adapter / "adapter_model.safetensors"))
+        words = ["NaN or infinite", first]
+    else:
+        config["lora_alpha"] = float("nan") if case == "NaN alpha" else float("inf")
+        (adapter / "adapter_config.json").write_text(json.dumps(config))  # json writes NaN / Infinity
+        words = ["lora_alpha", "not a finite number"]
+    with pytest.raises(SystemExit) as stop:
+        merge("--adapter", adapter, "--output_dir", tmp_path / "merged")
+    one_line_error(capsys, stop, *words)
+    assert not (tmp_path / "merged").exists()
+    import evaluate_2048
+
+    with pytest.raises(SystemExit) as stop:  # evaluate_2048.py --adapter: the same line, before any model loads
+        evaluate_2048.main(["--adapter", str(adapter), "--no-baselines", "--output_dir", str(tmp_path / "eval")])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "\n" not in err and all(word in err for word in words), err
+
+
+@pytest.mark.slow
+def test_a_target_modules_pattern_that_backtracks_is_refused_quickly(tiny, tmp_path, capsys):
+    """target_modules "(.|.)*Z": PEFT would run it with re.fullmatch against every module name, which never ends.
+    merge_2048.py (in a process of its own, with a time limit: the old code hung) and evaluate_2048.py refuse it in
+    one line; Unsloth's own pattern (tests/unsloth) and a plain name pass."""
+    import subprocess
+
+    import evaluate_2048
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(tiny / "final", adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "target_modules": "(.|.)*Z"}))
+    done = subprocess.run([sys.executable, str(REPO / "merge_2048.py"), "--adapter", str(adapter), "--output_dir",
+                           str(tmp_path / "merged")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not one training writes" in done.stderr
+    with pytest.raises(SystemExit) as stop:
+        evaluate_2048.main(["--adapter", str(adapter), "--no-baselines", "--output_dir", str(tmp_path / "eval")])
+    assert stop.value.code == 2 and "not one training writes" in capsys.readouterr().err
+    unsloths = (r"(?:(?:.*?(?:language|text).*?(?:self_attn|attention|attn|mixer|mlp|feed_forward|ffn|dense|mixer).*?\."
+                r"(?:q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj))|(?:\bmodel\.layers\.[\d]{1,}(?!.*\.experts"
+                r"\.\d)\..*?(?:self_attn|attention|attn|mixer|mlp|feed_forward|ffn|dense|mixer).*?\.(?:(?:q_proj|k_proj|"
+                r"v_proj|o_proj|gate_proj|up_proj|down_proj))))|(?:.*\.experts\.(?:down_projs|gate_up_projs)\.\d+)")
+    bf16_presets = (r"(?:model\.layers\.\d+\.self_attn\.k_proj|model\.layers\.\d+\.self_attn\.o_proj|"
+                    r"model\.layers\.\d+\.self_attn\.q_proj|model\.layers\.\d+\.self_attn\.v_proj)")  # Unsloth's too
+    assert models.target_modules_problem(unsloths) is None and models.target_modules_problem("q_proj") is None
+    assert models.target_modules_problem(bf16_presets) is None
+    assert models.target_modules_problem(r"(a+)+b") and models.target_modules_problem(".*" * 6 + "Z")
+
+
+def test_a_base_cached_in_part_names_the_missing_weights(tiny, tmp_path, monkeypatch, capsys):
+    """A hub base of which only config.json is cached (a config look-up, offline since): one line saying its weights
+    are not there, not that the adapters fit no tensor of it."""
+    import huggingface_hub.constants
+
+    repo = tmp_path / "hf" / "hub" / "models--someone--tiny-base"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    shutil.copy(tiny / "base" / "config.json", repo / "snapshots" / ("0" * 40) / "config.json")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SystemExit) as stop:
+        merge("--adapter", tiny / "final", "--base", "someone/tiny-base", "--output_dir", tmp_path / "merged")
+    one_line_error(capsys, stop, "someone/tiny-base", "its weights (*.safetensors) are not in", "config.json")
+
+
+def test_memory_room_counts_the_cgroup_limit(tmp_path):
+    """A container's cgroup limit, not the host's MemAvailable, bounds what the float32 comparison may take."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 100000000 kB\nMemAvailable: 90000000 kB\n")
+    assert models.memory_available(tmp_path) == 90000000 * 1024
+    v2 = tmp_path / "sys" / "fs" / "cgroup"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text("8000000000\n")
+    (v2 / "memory.current").write_text("3000000000\n")
+    assert models.memory_available(tmp_path) == 5_000_000_000
+    (v2 / "memory.max").write_text("max\n")
+    assert models.memory_available(tmp_path) == 90000000 * 1024
+    (v2 / "memory").mkdir()
+    (v2 / "memory" / "memory.limit_in_bytes").write_text("4000000000\n")
+    (v2 / "memory" / "memory.usage_in_bytes").write_text("1000000000\n")
+    assert models.memory_available(tmp_path) == 3_000_000_000
+
+
+def test_an_adapter_header_that_lies_about_its_tensors_is_refused(tmp_path):
+    """Offsets within the file and a file as long as its header says, yet a tensor's shape does not fill its bytes, or
+    two tensors share bytes: refused before any tensor is read."""
+    import struct
+
+    def write(header: dict, data: bytes) -> Path:
+        text = json.dumps(header).encode()
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.safetensors"
+        path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+        return path
+
+    good = write({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8))
+    assert models.safetensors_problem(good) is None
+    wrong = write({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8))
+    assert "does not fill" in models.safetensors_problem(wrong)
+    shared = write({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                    "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, bytes(8))  # fmt: skip
+    assert "share bytes" in models.safetensors_problem(shared)
+
+
+def test_a_merge_of_adapters_trained_on_nf4_never_says_the_merged_model_is_the_trained_one(tmp_path):
+    """The default preset trains on Unsloth's NF4 checkpoint and merges into the 16-bit original: the advice says what
+    the merged model is (the original plus the adapters), never "the trained one", whether the adapter's
+    train_2048_base.json says NF4 or an older adapter names the hub's 4-bit checkpoint."""
+    recorded, older = tmp_path / "recorded", tmp_path / "older"
+    recorded.mkdir()
+    older.mkdir()
+    models.write_base_identity(recorded, {"name": "unsloth/gpt-oss-20b", "quantized": "nf4", "fingerprint": {}})
+    assert models.trained_quantized(recorded, "unsloth/gpt-oss-20b") == "nf4"
+    assert models.trained_quantized(older, "unsloth/gpt-oss-20b-unsloth-bnb-4bit") == "nf4"
+    assert models.trained_quantized(older, "unsloth/gpt-oss-20b-BF16") is None
+    for kept in (1.0, 0.5):
+        said = merge_2048.advice({"kept": kept}, recorded, "nf4")
+        assert "the trained one" not in said and "trained on NF4 weights and are merged into the 16-bit original" in said
+    assert merge_2048.advice({"kept": 1.0}, recorded, None).endswith("the merged model is the trained one")
 
 
 # --- train_2048: the merge after training ---------------------------------------------------------------------------

@@ -174,16 +174,23 @@ def test_training_without_the_seccomp_wall_stops_with_one_line(tmp_path, capsys)
 # --- checkpoints, saving helpers -----------------------------------------------------------------------------
 
 
-def test_publish_replaces_a_folder_whole(tmp_path):
+def test_publish_replaces_a_folder_whole_and_only_its_own(tmp_path):
+    """publish() puts a folder in place whole, replaces only a folder the same command wrote (its mark), and leaves
+    nothing beside it; a user's folder of the same name is refused, untouched."""
     target = tmp_path / "final"
-    target.mkdir()
-    (target / "old").write_text("1")
-    tmp = models.fresh(target)
-    tmp.mkdir()
-    (tmp / "new").write_text("2")
-    models.publish(tmp, target)
+    for content in ("1", "2"):
+        tmp = models.fresh(target)
+        (tmp / "new").write_text(content)
+        models.publish(tmp, target, "train_2048")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
-    assert [p.name for p in target.iterdir()] == ["new"]
+    assert sorted(p.name for p in target.iterdir()) == [models.MARK, "new"] and (target / "new").read_text() == "2"
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "keep").write_text("mine")
+    tmp = models.fresh(users)
+    with pytest.raises(models.NotOurs):
+        models.publish(tmp, users, "train_2048")
+    assert [p.name for p in users.iterdir()] == ["keep"]
 
 
 def test_writable_creates_nothing(tmp_path):
