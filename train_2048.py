@@ -298,14 +298,12 @@ def load_or_leave(plan, prompt: str, state, created: bool):
     try:
         model, tokenizer = load_policy(plan.script_args, plan.training_args, plan.model_args, plan.backend, prompt,
                                        state, plan.output_dir)  # fmt: skip
+    except SystemExit:  # a check of the loaded model said no (its one line is printed)
+        leave_as_found(plan, state, created)
+        raise
     except Exception as exc:  # not on the hub, no network, damaged or foreign files: all the user's to fix
         log.debug("the model did not load", exc_info=True)  # the traceback, in training.log
-        if created:
-            import shutil
-
-            shutil.rmtree(plan.output_dir, ignore_errors=True)
-        elif state.is_main_process and plan.checkpoint is None and not run_folder.results_held(plan.output_dir):
-            run_folder.clear_run(plan.output_dir)  # nothing of the run but its log: the folder as it was before it
+        leave_as_found(plan, state, created)
         die(f"cannot load model {plan.model_args.model_name_or_path}: {one_line(exc, 300)}")
     if plan.checkpoint is not None:
         compare_adapters(model, plan.checkpoint)
@@ -313,6 +311,19 @@ def load_or_leave(plan, prompt: str, state, created: bool):
     check_budget(tokenizer, plan.settings, plan.script_args, plan.training_args, plan.model_args.model_name_or_path,
                  plan.backend, reasoning)  # fmt: skip
     return model, tokenizer
+
+
+def leave_as_found(plan, state, created: bool) -> None:
+    """A new run that stops before it trained: the folder as it was before it (the folder itself, if the run made
+    it; else the run's own files, by its record), so that the next run starts there without a word."""
+    if not state.is_main_process or plan.checkpoint is not None or run_folder.results_held(plan.output_dir):
+        return
+    if created:
+        import shutil
+
+        shutil.rmtree(plan.output_dir, ignore_errors=True)
+    else:
+        run_folder.clear_run(plan.output_dir)
 
 
 def save(trainer, tokenizer, settings, plan) -> int:
