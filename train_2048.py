@@ -79,6 +79,16 @@ def prepare_cuda() -> None:
 # --- the steps of a run -------------------------------------------------------------------------------------
 
 
+class NoFollowFileHandler(logging.FileHandler):
+    """logging's file handler (merge_2048.py appends to the same file: models.merge_in_fresh_process finds it by
+    its baseFilename), opening the file without following a symbolic link (user_files.open_append)."""
+
+    def _open(self):
+        import user_files
+
+        return user_files.open_append(Path(self.baseFilename))
+
+
 def start_logging(output_dir: Path, state) -> None:
     """Console and training.log on the main process; another process speaks up only for an error of its own.
 
@@ -87,11 +97,10 @@ def start_logging(output_dir: Path, state) -> None:
     """
     logging.raiseExceptions = False  # a log line that cannot be written (a full disk) is dropped, not a traceback
     if state.is_main_process:
-        import user_files
 
         try:
             output_dir.mkdir(parents=True, exist_ok=True)
-            logfile = logging.StreamHandler(user_files.open_append(output_dir / "training.log"))  # never through a link
+            logfile = NoFollowFileHandler(output_dir / "training.log")
         except OSError as exc:
             die(f"output_dir {output_dir}: {exc.strerror or exc}")
         console = logging.StreamHandler(sys.stdout)
