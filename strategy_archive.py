@@ -199,7 +199,9 @@ class StrategyArchive(TrainerCallback):
         seeds = f"seeds {self.seeds[0]}-{self.seeds[-1]}" if len(self.seeds) > 1 else f"seed {self.seeds[0]}"
         return (
             f"strategy archive: every distinct playable strategy kept; a candidate for the top {self.size} is "
-            f"re-scored on {len(self.seeds)} held-out games ({seeds}) within {self.budget:.0%} of each step's time "
+            f"re-scored on {len(self.seeds)} held-out games ({seeds}) and ranked by its mean less {CONFIDENCE:g} "
+            f"standard errors; neighbours in the top those games do not tell apart play up to {MAX_ROUNDS} rounds of "
+            f"{len(self.seeds)} more; all within {self.budget:.0%} of each step's time "
             f"(unused time carries over up to {CARRY_STEPS} steps' worth; an overrun, at most one game's time limit, "
             f"is paid back from the next steps'); {self.output_dir / FOLDER}/ is written at every save and at the end"
         )
