@@ -8,8 +8,8 @@
 
 A model writes S strategies from the training prompt; every strategy (a model's samples, each file, each
 baseline) plays the same M seeded games in the sandbox (by default from a secret start drawn for each evaluation, so
-no strategy can know its games; the table and results.json name it, and --seed replays it), and each is judged like the rewards judge an
-answer: a model's sample or a file is played only when it is one clean `def strategy(board)`. The game
+no strategy can know its games; the table and results.json name it, and --seed replays it), and each is judged like
+the rewards judge an answer: a model's sample or a file is played only when it is one clean `def strategy(board)`. The game
 options are rewards.RewardSettings, parsed as train_2048.py parses them; `--config` (default: train_2048.py's
 default preset) gives the board, the token budget and the reasoning effort the model was trained with, and nothing
 else of the training run (FROM_PRESET). The table goes to the terminal; every game to results.json; max-tile
@@ -498,7 +498,8 @@ def recorded(folder: Path) -> dict:
         return {}
     if not isinstance(written, dict):
         return {}
-    return {n: d for n, d in written.items() if n in WRITES and isinstance(d, list) and all(isinstance(x, str) for x in d)}
+    return {n: d for n, d in written.items()
+            if n in WRITES and isinstance(d, list) and all(isinstance(x, str) for x in d)}  # fmt: skip
 
 
 def not_written_here(folder: Path) -> list[str]:
@@ -548,8 +549,8 @@ def results_folder(args: EvalArguments) -> Path:
         output_dir = Path(args.output_dir)
         foreign = not_written_here(output_dir)
         if foreign:
-            die(f"--output_dir {output_dir} holds {' and '.join(foreign)} that no evaluation wrote (a file of your own, "
-                "or a link): nothing was touched; give another --output_dir")  # fmt: skip
+            die(f"--output_dir {output_dir} holds {' and '.join(foreign)} that no evaluation wrote (a file of your "
+                "own, or a link): nothing was touched; give another --output_dir")  # fmt: skip
         if any(os.path.lexists(output_dir / name) for name in WRITES) and not args.overwrite_output_dir:
             die(f"--output_dir {output_dir} holds an earlier evaluation's results.json: give another --output_dir, or "
                 "--overwrite_output_dir true to replace it")  # fmt: skip

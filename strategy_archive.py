@@ -11,9 +11,9 @@ spent, so a call ends within one game's time limit of it. A rank must not hang o
 either: the archive ranks by a lower confidence bound (the mean less CONFIDENCE standard errors over the games played),
 and two neighbours in the top whose games do not tell them apart (their paired differences on the same seeds) play more
 held-out games, a round of --archive_games at a time up to MAX_ROUNDS rounds, within the same budget (docs/PERF.md: on
-4 games 3 of 24 biased random players ranked above the corner player; with this, none in any trial). The top N (--archive_size) go to
-<output_dir>/strategies/ at every save and at the end: one .py each, index.json and best.py, swapped in whole. Each
-checkpoint holds the whole archive (strategy_archive.json, written before transformers marks the checkpoint complete),
+4 games 3 of 24 biased random players ranked above the corner player; with this, none in any trial). The top N
+(--archive_size) go to <output_dir>/strategies/ at every save and at the end: one .py each, index.json and best.py,
+swapped in whole. Each checkpoint holds the whole archive (strategy_archive.json, written before transformers marks the checkpoint complete),
 so --resume continues it; a damaged one is one line and a fresh archive, and a copy of the files that holds strategies
 the archive does not know is kept, never deleted.
 
@@ -116,7 +116,7 @@ class Entry:
     held_out: dict | None = None  # once ranked: games, reward, score, win_rate, max_tile (means over the games)
     rescored_games: int = 0  # held-out games it played in re-scorings that ran out of time before its turn ended
     rescored_seconds: float = 0.0  # and what they took: its cost on held-out games, where training's misled
-    held_out_games: list = dataclasses.field(default_factory=list)  # once ranked: each held-out game's reward, in seed order
+    held_out_games: list = dataclasses.field(default_factory=list)  # once ranked: each game's reward, in seed order
 
     @property
     def train_mean(self) -> float:
@@ -518,8 +518,8 @@ class StrategyArchive(TrainerCallback):
             "  " + " ".join(part for part in command if part),
             f"first written at step {entry.first_step}; written {times(entry.times)}",
             f"held-out games: {h['games']} (seeds {self.seeds[0]}-{self.seeds[0] + h['games'] - 1}, {s.size}x{s.size} "
-            f"board to {s.target}): mean reward {h['reward']:.2f} (lower bound {entry.bound():.2f}), mean score {h['score']:.1f}, win rate {h['win_rate']:.0%}, "
-            f"largest tile {h['max_tile']}",
+            f"board to {s.target}): mean reward {h['reward']:.2f} (lower bound {entry.bound():.2f}), mean score "
+            f"{h['score']:.1f}, win rate {h['win_rate']:.0%}, largest tile {h['max_tile']}",
             f"training games: {train['games']}: mean reward {train['reward']:.2f}, mean score {train['score']:.1f}, "
             f"win rate {train['win_rate']:.0%}, largest tile {train['max_tile']}",
             f"id {entry.id} (a digest of its syntax tree: formatting and comments do not count)",

@@ -79,8 +79,9 @@ def ranking_trial(players: dict[str, str], corner: str, settings, args, play) ->
     now and by the old rule (the mean of the first 4 and 16 held-out games)."""
     start = secrets.randbits(47)
     with tempfile.TemporaryDirectory() as tmp:
-        archive = strategy_archive.StrategyArchive(settings, size=20, seeds=list(range(start, start + args.archive_games)),
-                                                   budget=args.archive_budget, output_dir=Path(tmp))  # fmt: skip
+        seeds = list(range(start, start + args.archive_games))
+        archive = strategy_archive.StrategyArchive(settings, size=20, seeds=seeds, budget=args.archive_budget,
+                                                   output_dir=Path(tmp))  # fmt: skip
         training = play([*players.values()], list(range(start + 10**6, start + 10**6 + 8)), settings)
         archive.merge([(1 + i, code, [strategy_archive.game_row(g, settings) for g in training[code]], False)
                        for i, code in enumerate(players.values())])  # fmt: skip
@@ -128,10 +129,11 @@ def ranking(args) -> None:
     if not args.local:
         sandbox.shutdown()
     print(f"biased random players ranked above the corner player: {sum(len(r['above']) for r in rows)} in "
-          f"{args.trials} trials (trials with any: {sum(bool(r['above']) for r in rows)}); the old rule, by the mean of "
-          f"the first 4 games: {sum(r['old4'] for r in rows)} (trials with any: {sum(bool(r['old4']) for r in rows)}),"
+          f"{args.trials} trials (trials with any: {sum(bool(r['above']) for r in rows)}); the old rule, by the mean"
+          f" of the first 4 games: {sum(r['old4'] for r in rows)} (trials with any: {sum(bool(r['old4']) for r in rows)}),"
           f" of 16: {sum(r['old16'] for r in rows)} (trials with any: {sum(bool(r['old16']) for r in rows)}); "
-          f"steps to settle: median {statistics.median(r['steps'] for r in rows)}, most {max(r['steps'] for r in rows)}")
+          f"steps to settle: median {statistics.median(r['steps'] for r in rows)}, "
+          f"most {max(r['steps'] for r in rows)}")  # fmt: skip
 
 
 def main() -> None:

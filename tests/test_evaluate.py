@@ -366,8 +366,8 @@ def refused(capsys, argv) -> str:
     return err
 
 
-@pytest.mark.parametrize(("flag", "kind"), [("--strategy", "fifo"), ("--strategy", "/dev/zero"), ("--strategy", "/dev/stdin"),
-                                           ("--watch", "fifo")])  # fmt: skip
+@pytest.mark.parametrize(("flag", "kind"), [("--strategy", "fifo"), ("--strategy", "/dev/zero"),
+                                           ("--strategy", "/dev/stdin"), ("--watch", "fifo")])  # fmt: skip
 def test_a_strategy_file_that_is_no_file_is_one_line_not_a_hang(flag, kind, tmp_path):
     """A FIFO nobody writes (the open would wait for ever), /dev/zero (endless), /dev/stdin (here a pipe nobody
     closes): one line, exit 2, at once, and no output folder made."""
@@ -403,7 +403,8 @@ def test_a_users_max_tiles_png_in_output_dir_is_never_replaced(tmp_path, capsys)
     for overwrite in ([], ["--overwrite_output_dir", "true"]):
         err = refused(capsys, [*quick, *overwrite])
         assert "max_tiles.png that no evaluation wrote" in err, err
-        assert sorted(os.listdir(given)) == ["max_tiles.png"] and (given / "max_tiles.png").read_bytes() == b"my own picture"
+        assert sorted(os.listdir(given)) == ["max_tiles.png"]
+        assert (given / "max_tiles.png").read_bytes() == b"my own picture"
 
 
 def test_a_dangling_results_link_is_never_written_through(tmp_path, capsys):
