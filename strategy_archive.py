@@ -13,8 +13,8 @@ and two neighbours in the top whose games do not tell them apart (their paired d
 held-out games, a round of --archive_games at a time up to MAX_ROUNDS rounds, within the same budget (docs/PERF.md: on
 4 games 3 of 24 biased random players ranked above the corner player; with this, none in any trial). The top N
 (--archive_size) go to <output_dir>/strategies/ at every save and at the end: one .py each, index.json and best.py,
-swapped in whole. Each checkpoint holds the whole archive (strategy_archive.json, written before transformers marks the checkpoint complete),
-so --resume continues it; a damaged one is one line and a fresh archive, and a copy of the files that holds strategies
+swapped in whole. Each checkpoint holds the whole archive (strategy_archive.json, written before transformers marks the
+checkpoint complete), so --resume continues it; a damaged one is one line and a fresh archive, and a copy of the files that holds strategies
 the archive does not know is kept, never deleted.
 
 A strategy's code is untrusted data here: parsed to tell strategies apart (rewards.analyse has parsed it already),
@@ -60,7 +60,7 @@ import sandbox
 log = logging.getLogger("train_2048")
 
 STATE_FILE = "strategy_archive.json"  # in each checkpoint-N: the whole archive, as JSON (never pickled)
-STATE_FORMAT = 3  # formats 1 and 2 (before held_out_games) still load: their ranked strategies are re-scored
+STATE_FORMAT = 3  # formats 1 and 2 (held_out without "rewards") still load: their ranked strategies are re-scored
 FOLDER = "strategies"  # in output_dir: a link to the latest complete copy, .strategies-<step>-<random>/
 CARRY_STEPS = 10  # unused re-scoring time carries over, up to this many steps' worth
 CHILD_SECONDS = 0.01  # a sandboxed game's cost beyond its own time (a fork and a referee; docs/PERF.md: 5-7 ms)
@@ -113,10 +113,10 @@ class Entry:
     train_max_tile: int = 0
     train_seconds: float = 0.0
     status: str = "seen"  # seen | ranked (re-scored on every held-out game) | too_slow | cheats
-    held_out: dict | None = None  # once ranked: games, reward, score, win_rate, max_tile (means over the games)
+    held_out: dict | None = None  # once ranked: games, reward, score, win_rate, max_tile (means over the games), and
+    # rewards: each game's reward, in seed order (what the ranking's bound and the near-ties are computed from)
     rescored_games: int = 0  # held-out games it played in re-scorings that ran out of time before its turn ended
     rescored_seconds: float = 0.0  # and what they took: its cost on held-out games, where training's misled
-    held_out_games: list = dataclasses.field(default_factory=list)  # once ranked: each game's reward, in seed order
 
     @property
     def train_mean(self) -> float:
@@ -127,6 +127,10 @@ class Entry:
         games took when those were slower (a strategy fast in training need not be fast on other games)."""
         rescored = self.rescored_seconds / self.rescored_games if self.rescored_games else 0.0
         return max(self.train_seconds / self.train_games, rescored) + CHILD_SECONDS
+
+    @property
+    def held_out_games(self) -> list[float]:
+        return self.held_out["rewards"] if self.held_out else []
 
     def bound(self) -> float:
         """The lower confidence bound of its held-out reward: a lucky mean over few games, or over erratic ones, is
@@ -143,7 +147,8 @@ class Entry:
 
 def held_out_stats(games: list, before: dict | None = None) -> dict:
     """Means over the held-out games of what game_row keeps; with `before`, over its games and these together."""
-    b = before or {"games": 0, "reward": 0.0, "score": 0.0, "win_rate": 0.0, "max_tile": 0, "seconds": 0.0}
+    b = before or {"games": 0, "reward": 0.0, "score": 0.0, "win_rate": 0.0, "max_tile": 0, "seconds": 0.0,
+                   "rewards": []}  # fmt: skip
     n = b["games"] + len(games)
     return {
         "games": n,
@@ -152,6 +157,7 @@ def held_out_stats(games: list, before: dict | None = None) -> dict:
         "win_rate": (b["win_rate"] * b["games"] + sum(g.won for g in games)) / n,
         "max_tile": max([b["max_tile"], *(g.max_tile for g in games)]),
         "seconds": b["seconds"] + sum(g.seconds for g in games),
+        "rewards": [*b["rewards"], *(g.reward for g in games)],
     }
 
 
@@ -360,9 +366,8 @@ class StrategyArchive(TrainerCallback):
             elif len(games) == len(seeds):
                 rows = [game_row(g, self.settings) for g in games]
                 entry.status, entry.held_out = "ranked", held_out_stats(rows, entry.held_out)
-                entry.held_out_games += [g.reward for g in rows]
             elif any(g.status == "timeout" for g in games) or took >= self.settings.answer_time_limit:
-                entry.status, entry.held_out, entry.held_out_games = "too_slow", None, []  # as for an answer's reward
+                entry.status, entry.held_out = "too_slow", None  # its own games stopped it, as for an answer's reward
             else:  # the call ran out of time first: it waits, its cost now counted from these games
                 entry.rescored_games += len(games)
                 entry.rescored_seconds += took
@@ -500,7 +505,8 @@ class StrategyArchive(TrainerCallback):
         n = max(entry.train_games, 1)
         train = {"games": entry.train_games, "reward": entry.train_reward / n, "score": entry.train_points / n,
                  "win_rate": entry.train_wins / n, "max_tile": entry.train_max_tile}  # fmt: skip
-        held_out = entry.held_out and entry.held_out | {"lower_bound": entry.bound()}
+        held_out = entry.held_out and {k: v for k, v in entry.held_out.items() if k != "rewards"} | {
+            "lower_bound": entry.bound()}
         return {"id": entry.id, "first_step": entry.first_step, "times_written": entry.times,
                 "held_out": held_out, "training": train}  # fmt: skip
 
@@ -579,14 +585,15 @@ class StrategyArchive(TrainerCallback):
             log.warning(f"{path} re-scored {why}: its ranked strategies are re-scored again")
             for entry in self.entries.values():
                 if entry.status in ("ranked", "too_slow"):
-                    entry.status, entry.held_out, entry.held_out_games = "seen", None, []
+                    entry.status, entry.held_out = "seen", None
         log.info(f"strategy archive: continuing {checkpoint}'s, {len(self.entries)} distinct strategies")
 
 
 STATE_TYPES = {"format": int, "board": dict, "seeds": list, "credit": float, "training_seconds": float, "steps": int,
                "answers": int, "spent_seconds": float, "reported": str | None, "entries": list}  # fmt: skip
-HELD_OUT_TYPES = {"games": int, "reward": float, "score": float, "win_rate": float, "max_tile": int, "seconds": float}
-NEW_IN_FORMAT = {2: {"rescored_games": 0, "rescored_seconds": 0.0}, 3: {"held_out_games": []}}
+HELD_OUT_TYPES = {"games": int, "reward": float, "score": float, "win_rate": float, "max_tile": int, "seconds": float,
+                  "rewards": list}  # fmt: skip
+NEW_IN_FORMAT_2 = {"rescored_games": 0, "rescored_seconds": 0.0}
 
 
 def state_problem(saved) -> str | None:
@@ -604,9 +611,10 @@ def state_problem(saved) -> str | None:
         where = f"entries[{i}]"
         if not isinstance(entry, dict):
             return f"{where} is not an object"
-        for fmt, new in NEW_IN_FORMAT.items():
-            if saved["format"] < fmt:
-                entry = {**new, **entry}
+        if saved["format"] == 1:
+            entry = {**NEW_IN_FORMAT_2, **entry}
+        if saved["format"] < 3 and isinstance(entry.get("held_out"), dict):  # (re-scored on loading: load_state)
+            entry["held_out"] = {"rewards": [], **entry["held_out"]}
         saved["entries"][i] = entry
         problem = fields_problem(entry, entry_types, where + ".")
         if problem is not None:
@@ -625,11 +633,10 @@ def state_problem(saved) -> str | None:
             return f"{where}: {'no held-out scores' if held_out is None else 'held-out scores'} with status {status!r}"
         if held_out is not None and (problem := fields_problem(held_out, HELD_OUT_TYPES, f"{where}.held_out.")):
             return problem
-        games = entry["held_out_games"]
-        if not all(is_a(g, float) for g in games):
-            return f"{where}.held_out_games is not a list of numbers"
-        if saved["format"] == STATE_FORMAT and len(games) != (held_out["games"] if held_out else 0):
-            return f"{where}: {len(games)} held-out game rewards for {held_out['games'] if held_out else 0} games"
+        if held_out is not None and not all(is_a(g, float) for g in held_out["rewards"]):
+            return f"{where}.held_out.rewards is not a list of numbers"
+        if held_out is not None and saved["format"] == STATE_FORMAT and len(held_out["rewards"]) != held_out["games"]:
+            return f"{where}: {len(held_out['rewards'])} held-out game rewards for {held_out['games']} games"
     return None
 
 
@@ -661,7 +668,7 @@ def is_a(value, kind) -> bool:
 
 def mark_cheating(entry: Entry) -> None:
     """Seen cheating (at run time): never ranked, and its code is kept nowhere."""
-    entry.status, entry.code, entry.held_out, entry.held_out_games = "cheats", None, None, []
+    entry.status, entry.code, entry.held_out = "cheats", None, None
 
 
 def describe_entry(entry: Entry) -> str:

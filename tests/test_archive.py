@@ -148,7 +148,7 @@ def ranked_on(archive, code: str, rewards_per_game: list[float], first_step: int
     archive.merge([(first_step, code, [PlayedGame(5.0, 50, False, 16, 0.01)] * 2, False)])
     e = archive.entries[strategy_archive.strategy_id(code)]
     rows = [PlayedGame(r, int(10 * r), False, 16, 0.01) for r in rewards_per_game]
-    e.status, e.held_out, e.held_out_games = "ranked", strategy_archive.held_out_stats(rows), list(rewards_per_game)
+    e.status, e.held_out = "ranked", strategy_archive.held_out_stats(rows)
     return e
 
 
@@ -589,8 +589,8 @@ DAMAGES = {
     "an unknown status": edited(lambda s, e: e.update(status="best")),
     "ranked without its scores": edited(lambda s, e: e.update(held_out=None)),
     "held-out scores of a wrong type": edited(lambda s, e: e["held_out"].update(score="high")),
-    "a game's reward that is no number": edited(lambda s, e: e["held_out_games"].__setitem__(0, "20")),
-    "fewer game rewards than games": edited(lambda s, e: e["held_out_games"].pop()),
+    "a game's reward that is no number": edited(lambda s, e: e["held_out"]["rewards"].__setitem__(0, "20")),
+    "fewer game rewards than games": edited(lambda s, e: e["held_out"]["rewards"].pop()),
     "one strategy twice": edited(lambda s, e: s["entries"].append(dict(e))),
 }
 
@@ -612,7 +612,8 @@ def test_a_checkpoint_of_an_older_format_still_loads(fmt, saved_state, tmp_path,
     the ranked ones are re-scored."""
     old = json.loads(json.dumps(saved_state)) | {"format": fmt}
     for entry in old["entries"]:
-        del entry["held_out_games"]
+        if entry["held_out"]:
+            del entry["held_out"]["rewards"]
         if fmt == 1:
             del entry["rescored_games"], entry["rescored_seconds"]
     (tmp_path / strategy_archive.STATE_FILE).write_text(json.dumps(old))
