@@ -55,7 +55,11 @@ def file_source(path: str, what: str = "strategy file") -> Source:
     Raises user_files.FileRefused (a ValueError: its line names `what` and the path) when it cannot be read, and
     ValueError with a one-line reason when it does not parse or defines no `strategy`.
     """
-    text = user_files.read_text(path, user_files.STRATEGY_BYTES, what)
+    try:
+        text = user_files.read_text(path, user_files.STRATEGY_BYTES, what)
+    except user_files.FileRefused as exc:
+        why = str(exc).removeprefix(f"{what} {path}: ")
+        raise user_files.FileRefused(f"{what} {path}: cannot read it: {why}") from None
     code = file_code(text)
     return Source(path, "file", [Sample(code, rewards.analyse_code(code))])
 

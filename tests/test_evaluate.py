@@ -388,7 +388,7 @@ def test_a_strategy_file_that_is_no_file_is_one_line_not_a_hang(flag, kind, tmp_
 
 def test_a_folder_as_strategy_file_is_one_line(tmp_path, capsys):
     err = refused(capsys, ["--strategy", str(tmp_path), "--no-baselines", "--output_dir", str(tmp_path / "out")])
-    assert f"--strategy {tmp_path}: a folder, not a regular file" in err and not (tmp_path / "out").exists(), err
+    assert f"--strategy {tmp_path}: cannot read it: a folder, not a regular file" in err and not (tmp_path / "out").exists(), err
 
 
 def test_a_users_max_tiles_png_in_output_dir_is_never_replaced(tmp_path, capsys):
