@@ -7,22 +7,30 @@
     python evaluate_2048.py --watch expectimax --speed 30     # one game, drawn in the terminal
 
 A model writes S strategies from the training prompt; every strategy (a model's samples, each file, each
-baseline) plays the same M seeded games in the sandbox, and each is judged like the rewards judge an
-answer: a model's sample or a file is played only when it is one clean `def strategy(board)`. The game
+baseline) plays the same M seeded games in the sandbox (by default from a secret start drawn for each evaluation, so
+no strategy can know its games; the table and results.json name it, and --seed replays it), and each is judged like
+the rewards judge an answer: a model's sample or a file is played only when it is one clean `def strategy(board)`. The game
 options are rewards.RewardSettings, parsed as train_2048.py parses them; `--config` (default: train_2048.py's
 default preset) gives the board, the token budget and the reasoning effort the model was trained with, and nothing
 else of the training run (FROM_PRESET). The table goes to the terminal; every game to results.json; max-tile
-distributions to max_tiles.png. Everything except the baselines in `--watch` runs in the sandbox.
+distributions to max_tiles.png (in a given --output_dir, only what an evaluation wrote is ever replaced: MARKER).
+Everything except the baselines in `--watch` runs in the sandbox.
 The work is done by evaluation.py; this file reads the options and reports.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import itertools
 import json
+import os
 import random
+import secrets
+import stat
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +42,7 @@ import options
 import rewards
 import sandbox
 import strategies
+import user_files
 
 DEFAULT_PRESET = Path(__file__).resolve().parent / "configs" / "gpt-oss-20b.yaml"  # train_2048.py's default
 
@@ -80,14 +89,21 @@ class EvalArguments:
     )  # fmt: skip
     batch_size: int = field(default=8, metadata={"help": "samples generated at once"})
     reasoning_effort: str = field(default="low", metadata={"help": "chat template argument (gpt-oss)"})
-    seed: int = field(default=0, metadata={"help": "first game seed (games use seed..seed+games-1); the sampling seed"})
+    seed: int | None = field(
+        default=None,
+        metadata={"help": "first game seed (games use seed..seed+games-1); the sampling seed. Default: a secret "
+                  "63-bit start drawn for each evaluation (no strategy can know its games), printed in the table and "
+                  "results.json: give it here to replay that evaluation"},
+    )  # fmt: skip
     output_dir: str | None = field(
         default=None,
         metadata={"help": "where results.json and max_tiles.png go (default: a new folder outputs/eval/<date>-<time>)"},
     )
     overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "replace the results an earlier evaluation left in --output_dir"}
-    )
+        default=False,
+        metadata={"help": "replace the results an earlier evaluation left in --output_dir (never a file no evaluation "
+                  "wrote)"},
+    )  # fmt: skip
 
 
 # What --config takes from a training preset: the game the model learned to play and how it answered (its token budget,
@@ -159,11 +175,13 @@ def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSet
 # --- sources ------------------------------------------------------------------------------------------------
 
 
-def file_source(path: str) -> evaluation.Source:
+def file_source(path: str, flag: str = "--strategy") -> evaluation.Source:
     try:
-        return evaluation.file_source(path)
+        return evaluation.file_source(path, what=flag)
+    except user_files.FileRefused as exc:  # a FIFO, a device, a folder, too large: said as user_files says it
+        die(str(exc))
     except ValueError as exc:
-        die(f"--strategy {path}: {exc}")
+        die(f"{flag} {path}: {exc}")
 
 
 def load_model(args: EvalArguments):
@@ -278,13 +296,14 @@ def play_sources(sources, seeds, settings, progress) -> dict:
 # --- report -------------------------------------------------------------------------------------------------
 
 
-def render_table(summaries: list[dict], settings, seeds: list[int]):
+def render_table(summaries: list[dict], settings, seeds: list[int], drawn: bool = False):
     from rich.table import Table
     from rich.text import Text
 
     title = (
         f"{settings.size}x{settings.size} board, target {settings.target}, p(4) {settings.probability_fours:g}, "
-        f"{len(seeds)} games per strategy (seeds {seeds[0]}..{seeds[-1]})"
+        f"{len(seeds)} games per strategy (seeds {seeds[0]}..{seeds[-1]}"
+        + (f": a secret start drawn for this evaluation; --seed {seeds[0]} replays it)" if drawn else ")")
     )
     table = Table(title=title)
     for name, justify in [
@@ -325,8 +344,8 @@ def render_table(summaries: list[dict], settings, seeds: list[int]):
     return table
 
 
-def plot_max_tiles(summaries: list[dict], path: Path, settings) -> None:
-    """Grouped bars: for each source, the share of its played games that ended on each max tile."""
+def plot_max_tiles(summaries: list[dict], settings) -> bytes:
+    """Grouped bars: for each source, the share of its played games that ended on each max tile (a PNG's bytes)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -350,11 +369,15 @@ def plot_max_tiles(summaries: list[dict], path: Path, settings) -> None:
     else:
         ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
+    return png.getvalue()
 
 
-def write_results(path: Path, args, settings, seeds, sources, played, summaries) -> None:
+def results_json(args, settings, seeds, sources, played, summaries, drawn: bool = False) -> str:
+    """results.json's text: the settings (the seeds, and whether their start was drawn for this evaluation), the
+    summaries, every sample and every game."""
     samples, games = [], []
     for i, src in enumerate(sources):
         for j, sample in enumerate(src.samples):
@@ -378,8 +401,9 @@ def write_results(path: Path, args, settings, seeds, sources, played, summaries)
                 )  # fmt: skip
     config = {k: v for k, v in {**dataclasses.asdict(args), **settings.rules(), "games": settings.games}.items()
               if k not in ("watch", "speed")}  # fmt: skip
-    report = {"settings": {**config, "seeds": seeds}, "summary": summaries, "samples": samples, "games": games}
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    report = {"settings": {**config, "seeds": seeds, "seed_drawn": drawn}, "summary": summaries, "samples": samples,
+              "games": games}  # fmt: skip
+    return json.dumps(report, indent=1) + "\n"
 
 
 # --- watch --------------------------------------------------------------------------------------------------
@@ -410,7 +434,7 @@ def watch(args, settings, console, progress) -> int:
         else:
             if not Path(name).exists():
                 die(f"--watch {name}: not a baseline ({', '.join(strategies.BASELINES)}), 'model', or a file")
-            sample = file_source(name).samples[0]
+            sample = file_source(name, "--watch").samples[0]
             if sample.analysis.why_not_played is not None:
                 print(f"{name}: not played: {sample.analysis.why_not_played}")
                 return 1
@@ -465,9 +489,77 @@ def result_line(name: str, status: str, moves: int, score: int, max_tile: int, e
     )
 
 
+WRITES = ("results.json", "max_tiles.png")  # what an evaluation writes in its folder
+MARKER = ".evaluate_2048.json"  # beside them: the SHA-256 of each file evaluations wrote there (the last two of each)
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_digest(path: Path) -> str | None:
+    """The SHA-256 of a regular file, opened without following a link; None for anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest() if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else None
+
+
+def recorded(folder: Path) -> dict:
+    """What MARKER says evaluations wrote in `folder`: name -> digests; {} when there is no marker of ours (a link, a
+    damaged file, another shape)."""
+    marker = folder / MARKER
+    try:
+        if not stat.S_ISREG(os.lstat(marker).st_mode):
+            return {}
+        written = user_files.read_json(marker, what="marker")["written"]
+    except (OSError, ValueError, LookupError, TypeError):
+        return {}
+    if not isinstance(written, dict):
+        return {}
+    return {n: d for n, d in written.items()
+            if n in WRITES and isinstance(d, list) and all(isinstance(x, str) for x in d)}  # fmt: skip
+
+
+def not_written_here(folder: Path) -> list[str]:
+    """The files of WRITES in `folder` (links included, dangling or not) that no evaluation wrote: not regular files,
+    or contents MARKER does not record."""
+    known = recorded(folder)
+    return [name for name in WRITES if os.path.lexists(folder / name)
+            and file_digest(folder / name) not in known.get(name, [])]  # fmt: skip
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """`path` holds `data`: written to a new temporary name beside it (tempfile), then renamed over it, so a link of
+    that name is replaced, never written through, and a reader sees the old file or the new one whole."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_outputs(folder: Path, files: dict[str, bytes]) -> None:
+    """The evaluation's files into its folder, MARKER first (it keeps the digests of what was there and of what comes),
+    so that an evaluation stopped half-way leaves only files MARKER knows."""
+    known = recorded(folder)
+    for name, data in files.items():
+        known[name] = [*known.get(name, [])[-1:], digest(data)]
+    replace_file(folder / MARKER, (json.dumps({"written": known}, indent=1) + "\n").encode())
+    for name, data in files.items():
+        replace_file(folder / name, data)
+
+
 def results_folder(args: EvalArguments) -> Path:
     """The folder this evaluation writes, made now: a new one under outputs/eval by default, so that no evaluation
-    replaces another's results; a given --output_dir that holds results is refused unless --overwrite_output_dir."""
+    replaces another's results; a given --output_dir that holds results is refused unless --overwrite_output_dir, and
+    one that holds a results.json or max_tiles.png no evaluation wrote (a user's own, a link) is refused always."""
     if args.output_dir is None:
         output_dir = first = Path("outputs/eval") / time.strftime("%Y%m%d-%H%M%S")
         for n in itertools.count(2):
@@ -476,7 +568,11 @@ def results_folder(args: EvalArguments) -> Path:
             output_dir = first.with_name(f"{first.name}-{n}")
     else:
         output_dir = Path(args.output_dir)
-        if (output_dir / "results.json").exists() and not args.overwrite_output_dir:
+        foreign = not_written_here(output_dir)
+        if foreign:
+            die(f"--output_dir {output_dir} holds {' and '.join(foreign)} that no evaluation wrote (a file of your "
+                "own, or a link): nothing was touched; give another --output_dir")  # fmt: skip
+        if any(os.path.lexists(output_dir / name) for name in WRITES) and not args.overwrite_output_dir:
             die(f"--output_dir {output_dir} holds an earlier evaluation's results.json: give another --output_dir, or "
                 "--overwrite_output_dir true to replace it")  # fmt: skip
     try:
@@ -492,6 +588,9 @@ def results_folder(args: EvalArguments) -> Path:
 def main(argv: list[str] | None = None) -> int:
     models.quiet_library_imports()  # before trl, which imports bitsandbytes
     args, settings = parse_args(argv)
+    drawn = args.seed is None
+    if drawn:  # a fresh secret start: no strategy can recognise its games (public seeds can be looked up)
+        args.seed = secrets.randbits(63)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -509,8 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.watch is not None:
             return watch(args, settings, console, progress)
-        output_dir = results_folder(args)
         files = [file_source(path) for path in args.strategy]  # checked before a model takes minutes to load
+        output_dir = results_folder(args)  # and before anything is written
         seeds = [args.seed + i for i in range(settings.games)]
         with progress:
             sources = model_sources(args, settings, progress) if args.adapter or args.model else []
@@ -520,12 +619,15 @@ def main(argv: list[str] | None = None) -> int:
         summaries = [
             evaluation.summarise(src, [played[i, j] for j in range(len(src.samples))]) for i, src in enumerate(sources)
         ]
-        console.print(render_table(summaries, settings, seeds))
+        console.print(render_table(summaries, settings, seeds, drawn))
         for src in sources:
             if src.kind == "file" and src.samples[0].analysis.why_not_played:
                 plain(console, f"{src.name}: not played: {src.samples[0].analysis.why_not_played}")
-        write_results(output_dir / "results.json", args, settings, seeds, sources, played, summaries)
-        plot_max_tiles(summaries, output_dir / "max_tiles.png", settings)
+        results = results_json(args, settings, seeds, sources, played, summaries, drawn).encode()
+        try:
+            write_outputs(output_dir, {"results.json": results, "max_tiles.png": plot_max_tiles(summaries, settings)})
+        except OSError as exc:
+            die(f"cannot write {output_dir}: {exc.strerror or exc}")
         plain(console, f"wrote {output_dir / 'results.json'} and {output_dir / 'max_tiles.png'}")
         return 0
     except KeyboardInterrupt:

@@ -16,11 +16,11 @@ import os
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import rewards
 import sandbox
 import strategies
+import user_files
 
 NOT_PLAYED = "not_played"  # the status of a game slot whose strategy was not played (invalid or cheating)
 ERROR_STATUSES = ("error", "invalid", "crash")
@@ -47,15 +47,19 @@ def baseline_source(name: str) -> Source:
     return Source(name, "baseline", [Sample(code, rewards.analyse_code(code))])
 
 
-def file_source(path: str) -> Source:
-    """A strategy file, read and parsed but never imported: it is as untrusted as a model's answer.
+def file_source(path: str, what: str = "strategy file") -> Source:
+    """A strategy file, read and parsed but never imported: it is as untrusted as a model's answer, and read as a
+    user's file (user_files.read_text: a FIFO, a device such as /dev/zero, a folder or a file above STRATEGY_BYTES is
+    refused at once, never waited on or read without end).
 
-    Raises ValueError with a one-line reason when it cannot be read, does not parse or defines no `strategy`.
+    Raises user_files.FileRefused (a ValueError: its line names `what` and the path) when it cannot be read, and
+    ValueError with a one-line reason when it does not parse or defines no `strategy`.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read it ({type(exc).__name__}: {getattr(exc, 'strerror', None) or exc})") from exc
+        text = user_files.read_text(path, user_files.STRATEGY_BYTES, what)
+    except user_files.FileRefused as exc:
+        why = str(exc).removeprefix(f"{what} {path}: ")
+        raise user_files.FileRefused(f"{what} {path}: cannot read it: {why}") from None
     code = file_code(text)
     return Source(path, "file", [Sample(code, rewards.analyse_code(code))])
 

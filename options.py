@@ -440,10 +440,12 @@ class ScriptArguments:
         },
     )
     archive_games: int = field(
-        default=0,
+        default=16,
         metadata={
             "help": "Held-out games (the evaluation's first N, or more of them) that a candidate for the archive's top "
-            "is re-scored on before it is ranked. 0: the evaluation's (--eval_games)."
+            "is re-scored on before it is ranked by a lower confidence bound; neighbours in the top that these games "
+            "do not tell apart play further rounds of as many (up to 8). On 4, a biased random player's lucky mean "
+            "outranked the corner player (docs/PERF.md). 0: the evaluation's (--eval_games)."
         },
     )
     archive_budget: float = field(

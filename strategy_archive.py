@@ -7,10 +7,14 @@ reward. A rank must not hang on the luck of one step's games: a candidate for th
 held-out games (rewards.held_out_seeds: secret, like the training games, so no strategy can recognise them) before it
 is ranked, through the rewards' own play (rewards.play_answers: the same sandbox, the same walls, the same game score),
 within a share of the training time (--archive_budget): no game of a re-scoring starts once the step's credit is
-spent, so a call ends within one game's time limit of it. The top N (--archive_size) go to
-<output_dir>/strategies/ at every save and at the end: one .py each, index.json and best.py, swapped in whole. Each
-checkpoint holds the whole archive (strategy_archive.json, written before transformers marks the checkpoint complete),
-so --resume continues it; a damaged one is one line and a fresh archive, and a copy of the files that holds strategies
+spent, so a call ends within one game's time limit of it. A rank must not hang on the luck of a few held-out games
+either: the archive ranks by a lower confidence bound (the mean less CONFIDENCE standard errors over the games played),
+and two neighbours in the top whose games do not tell them apart (their paired differences on the same seeds) play more
+held-out games, a round of --archive_games at a time up to MAX_ROUNDS rounds, within the same budget (docs/PERF.md: on
+4 games 3 of 24 biased random players ranked above the corner player; with this, none in any trial). The top N
+(--archive_size) go to <output_dir>/strategies/ at every save and at the end: one .py each, index.json and best.py,
+swapped in whole. Each checkpoint holds the whole archive (strategy_archive.json, written before transformers marks the
+checkpoint complete), so --resume continues it; a damaged one is one line and a fresh archive, and a copy of the files that holds strategies
 the archive does not know is kept, never deleted.
 
 A strategy's code is untrusted data here: parsed to tell strategies apart (rewards.analyse has parsed it already),
@@ -38,6 +42,7 @@ import math
 import os
 import shlex
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -55,12 +60,14 @@ import sandbox
 log = logging.getLogger("train_2048")
 
 STATE_FILE = "strategy_archive.json"  # in each checkpoint-N: the whole archive, as JSON (never pickled)
-STATE_FORMAT = 2  # format 1 (before the rescored_* fields) still loads
+STATE_FORMAT = 3  # formats 1 and 2 (held_out without "rewards") still load: their ranked strategies are re-scored
 FOLDER = "strategies"  # in output_dir: a link to the latest complete copy, .strategies-<step>-<random>/
 CARRY_STEPS = 10  # unused re-scoring time carries over, up to this many steps' worth
 CHILD_SECONDS = 0.01  # a sandboxed game's cost beyond its own time (a fork and a referee; docs/PERF.md: 5-7 ms)
 PANEL_ROWS = 5  # strategies in the TensorBoard text panel
 STATUSES = ("seen", "ranked", "too_slow", "cheats")
+CONFIDENCE = 2.0  # a rank is the held-out mean less this many standard errors: few or erratic games rank lower
+MAX_ROUNDS = 8  # a near-tie in the top plays up to this many rounds of --archive_games held-out games
 PROJECT = Path(__file__).resolve().parent  # the train_2048 whose evaluate_2048.py plays a written file
 
 
@@ -106,7 +113,8 @@ class Entry:
     train_max_tile: int = 0
     train_seconds: float = 0.0
     status: str = "seen"  # seen | ranked (re-scored on every held-out game) | too_slow | cheats
-    held_out: dict | None = None  # once ranked: games, reward, score, win_rate, max_tile (means over the games)
+    held_out: dict | None = None  # once ranked: games, reward, score, win_rate, max_tile (means over the games), and
+    # rewards: each game's reward, in seed order (what the ranking's bound and the near-ties are computed from)
     rescored_games: int = 0  # held-out games it played in re-scorings that ran out of time before its turn ended
     rescored_seconds: float = 0.0  # and what they took: its cost on held-out games, where training's misled
 
@@ -120,22 +128,49 @@ class Entry:
         rescored = self.rescored_seconds / self.rescored_games if self.rescored_games else 0.0
         return max(self.train_seconds / self.train_games, rescored) + CHILD_SECONDS
 
+    @property
+    def held_out_games(self) -> list[float]:
+        return self.held_out["rewards"] if self.held_out else []
+
+    def bound(self) -> float:
+        """The lower confidence bound of its held-out reward: a lucky mean over few games, or over erratic ones, is
+        not taken at its word (one game: its reward, no spread being known)."""
+        games = self.held_out_games
+        spread = statistics.stdev(games) / math.sqrt(len(games)) if len(games) > 1 else 0.0
+        return statistics.fmean(games) - CONFIDENCE * spread
+
     def rank_key(self) -> tuple:
-        """Best first: held-out reward, then points; the earlier strategy first among equals."""
-        return (-self.held_out["reward"], -self.held_out["score"], self.first_step, self.id)
+        """Best first: the held-out reward's lower bound, then its mean, then points; the earlier strategy first among
+        equals."""
+        return (-self.bound(), -self.held_out["reward"], -self.held_out["score"], self.first_step, self.id)
 
 
-def held_out_stats(games: list) -> dict:
-    """Means over the held-out games of what game_row keeps."""
-    n = len(games)
+def held_out_stats(games: list, before: dict | None = None) -> dict:
+    """Means over the held-out games of what game_row keeps; with `before`, over its games and these together."""
+    b = before or {"games": 0, "reward": 0.0, "score": 0.0, "win_rate": 0.0, "max_tile": 0, "seconds": 0.0,
+                   "rewards": []}  # fmt: skip
+    n = b["games"] + len(games)
     return {
         "games": n,
-        "reward": sum(g.reward for g in games) / n,
-        "score": sum(g.points for g in games) / n,
-        "win_rate": sum(g.won for g in games) / n,
-        "max_tile": max(g.max_tile for g in games),
-        "seconds": sum(g.seconds for g in games),
+        "reward": (b["reward"] * b["games"] + sum(g.reward for g in games)) / n,
+        "score": (b["score"] * b["games"] + sum(g.points for g in games)) / n,
+        "win_rate": (b["win_rate"] * b["games"] + sum(g.won for g in games)) / n,
+        "max_tile": max([b["max_tile"], *(g.max_tile for g in games)]),
+        "seconds": b["seconds"] + sum(g.seconds for g in games),
+        "rewards": [*b["rewards"], *(g.reward for g in games)],
     }
+
+
+def told_apart(a: Entry, b: Entry) -> bool:
+    """Whether two ranked strategies' held-out games tell which is better: their reward differences on the seeds both
+    played (the same games: a paired comparison, blind to how hard each game was) differ from none by more than
+    CONFIDENCE standard errors, or never vary (the same play, or a steady gap)."""
+    n = min(len(a.held_out_games), len(b.held_out_games))
+    gaps = [x - y for x, y in zip(a.held_out_games[:n], b.held_out_games[:n])]
+    if n < 2:
+        return False
+    spread = statistics.stdev(gaps)
+    return spread == 0 or abs(statistics.fmean(gaps)) > CONFIDENCE * spread / math.sqrt(n)
 
 
 class StrategyArchive(TrainerCallback):
@@ -170,7 +205,9 @@ class StrategyArchive(TrainerCallback):
         seeds = f"seeds {self.seeds[0]}-{self.seeds[-1]}" if len(self.seeds) > 1 else f"seed {self.seeds[0]}"
         return (
             f"strategy archive: every distinct playable strategy kept; a candidate for the top {self.size} is "
-            f"re-scored on {len(self.seeds)} held-out games ({seeds}) within {self.budget:.0%} of each step's time "
+            f"re-scored on {len(self.seeds)} held-out games ({seeds}) and ranked by its mean less {CONFIDENCE:g} "
+            f"standard errors; neighbours in the top those games do not tell apart play up to {MAX_ROUNDS} rounds of "
+            f"{len(self.seeds)} more; all within {self.budget:.0%} of each step's time "
             f"(unused time carries over up to {CARRY_STEPS} steps' worth; an overrun, at most one game's time limit, "
             f"is paid back from the next steps'); {self.output_dir / FOLDER}/ is written at every save and at the end"
         )
@@ -258,9 +295,34 @@ class StrategyArchive(TrainerCallback):
     def candidates(self) -> list[Entry]:
         """Strategies not yet re-scored whose training games put them above the top's last: best first."""
         top = self.ranked()[: self.size]
-        bar = top[-1].held_out["reward"] if len(top) >= self.size else -math.inf
+        bar = top[-1].bound() if len(top) >= self.size else -math.inf
         waiting = [e for e in self.entries.values() if e.status == "seen" and e.train_games and e.train_mean > bar]
         return sorted(waiting, key=lambda e: (-e.train_mean, e.first_step, e.id))
+
+    def near_ties(self) -> list[Entry]:
+        """Ranked strategies of the top that need more held-out games: of each pair of neighbours their games do not
+        tell apart (told_apart), the one with fewer games (both when even), until MAX_ROUNDS rounds; best first."""
+        top, rounds, out = self.ranked()[: self.size], MAX_ROUNDS * len(self.seeds), []
+        for a, b in zip(top, top[1:]):
+            if told_apart(a, b):
+                continue
+            fewer = min(len(a.held_out_games), len(b.held_out_games))
+            out += [e for e in (a, b) if len(e.held_out_games) == fewer < rounds and e not in out]
+        return out
+
+    def jobs(self) -> list[tuple[Entry, list[int]]]:
+        """What to play next, in order, each with its seeds: more games for a near-tie at the very top (it decides
+        best.py), then the candidates on the first round, then the other near-ties."""
+        ties, top = self.near_ties(), self.ranked()[:2]
+        first = [e for e in ties if e in top]
+        return ([(e, self.next_seeds(e)) for e in first] + [(e, self.seeds) for e in self.candidates()]
+                + [(e, self.next_seeds(e)) for e in ties if e not in first])  # fmt: skip
+
+    def next_seeds(self, entry: Entry) -> list[int]:
+        """A ranked strategy's next round of held-out games: the --archive_games seeds after the ones it played (the
+        held-out seeds run on from a secret start, so these are as secret)."""
+        start = self.seeds[-1] + 1 + len(entry.held_out_games) - len(self.seeds)
+        return list(range(start, start + len(self.seeds)))
 
     def rescore(self) -> float:
         """Re-score the candidates, best first, while what their games are expected to take fits the credit; returns
@@ -270,37 +332,42 @@ class StrategyArchive(TrainerCallback):
         answer_time_limit together, as for a reward); one the call's end cut short waits, its cost now known."""
         workers = len(os.sched_getaffinity(0))
         chosen, cost, slowest, full = [], 0.0, 0.0, False
-        for entry in self.candidates():
+        for entry, seeds in self.jobs():
             per_game = entry.seconds_per_game()
-            need = per_game * len(self.seeds)  # seconds of games; they run `workers` at a time
+            need = per_game * len(seeds)  # seconds of games; they run `workers` at a time
             if max(need / workers, per_game) > self.carry():
-                entry.status = "too_slow"
+                if entry.status == "seen":
+                    entry.status = "too_slow"  # (a ranked one keeps its rank on the games it played)
             elif not full and max((cost + need) / workers, per_game, slowest) <= self.credit:
-                chosen.append(entry)
+                chosen.append((entry, seeds))
                 cost, slowest = cost + need, max(slowest, per_game)
             else:
                 full = True  # the rest wait for their turn: none jumps the queue
         if not chosen:
             return 0.0
         started = time.monotonic()
+        played = {}
         try:
-            played = rewards.play_answers([e.code for e in chosen], self.seeds, self.settings,
-                                          deadline=started + self.credit)  # fmt: skip
-        except Exception as exc:  # the sandbox failed: they stay candidates
+            for seeds in dict.fromkeys(tuple(seeds) for _, seeds in chosen):  # a call per round, in order
+                codes = [e.code for e, s in chosen if tuple(s) == seeds]
+                got = rewards.play_answers(codes, list(seeds), self.settings, deadline=started + self.credit)
+                played.update({(code, seeds): games for code, games in got.items()})
+        except Exception as exc:  # the sandbox failed: they stay where they were
             log.error(f"strategy archive: the sandbox failed, nothing re-scored: {type(exc).__name__}: {exc}")
             played = None
         spent = time.monotonic() - started
         self.credit -= spent
         self.spent_seconds += spent
-        for entry in chosen if played is not None else []:
-            games = played[entry.code]
+        for entry, seeds in chosen if played is not None else []:
+            games = played[(entry.code, tuple(seeds))]
             took = sum(g.seconds for g in games)
             if any(g.status == "violation" for g in games):
                 mark_cheating(entry)
-            elif len(games) == len(self.seeds):
-                entry.status, entry.held_out = "ranked", held_out_stats([game_row(g, self.settings) for g in games])
+            elif len(games) == len(seeds):
+                rows = [game_row(g, self.settings) for g in games]
+                entry.status, entry.held_out = "ranked", held_out_stats(rows, entry.held_out)
             elif any(g.status == "timeout" for g in games) or took >= self.settings.answer_time_limit:
-                entry.status = "too_slow"  # its own games stopped it, as they stop an answer's reward
+                entry.status, entry.held_out = "too_slow", None  # its own games stopped it, as for an answer's reward
             else:  # the call ran out of time first: it waits, its cost now counted from these games
                 entry.rescored_games += len(games)
                 entry.rescored_seconds += took
@@ -340,7 +407,7 @@ class StrategyArchive(TrainerCallback):
             self.writer.flush()
         if top and top[0].id != self.reported["best"]:
             self.reported["best"] = top[0].id
-            say(f"archive at step {step}: new best {describe_entry(top[0], len(self.seeds))}; "
+            say(f"archive at step {step}: new best {describe_entry(top[0])}; "
                 f"{sum(e.status != 'cheats' for e in self.entries.values())} distinct so far, "
                 f"{self.distinct_last_step} in this step")  # fmt: skip
 
@@ -438,8 +505,10 @@ class StrategyArchive(TrainerCallback):
         n = max(entry.train_games, 1)
         train = {"games": entry.train_games, "reward": entry.train_reward / n, "score": entry.train_points / n,
                  "win_rate": entry.train_wins / n, "max_tile": entry.train_max_tile}  # fmt: skip
+        held_out = entry.held_out and {k: v for k, v in entry.held_out.items() if k != "rewards"} | {
+            "lower_bound": entry.bound()}
         return {"id": entry.id, "first_step": entry.first_step, "times_written": entry.times,
-                "held_out": entry.held_out, "training": train}  # fmt: skip
+                "held_out": held_out, "training": train}  # fmt: skip
 
     def strategy_file(self, entry: Entry, rank: int, step: int) -> str:
         """A ranked strategy as a file: our header (comments: numbers and our words only), then the model's code as
@@ -447,16 +516,16 @@ class StrategyArchive(TrainerCallback):
         s, h = self.settings, entry.held_out
         train = self.entry_json(entry)["training"]
         command = ["python evaluate_2048.py --strategy <this file>", shlex.join(game_options(s)),
-                   f"--games {len(self.seeds)}", f"--seed {self.seeds[0]}"]  # fmt: skip
+                   f"--games {h['games']}", f"--seed {self.seeds[0]}"]  # fmt: skip
         header = [
             f"train_2048 strategy archive, rank {rank} at step {step}: a strategy the model wrote during training",
             f"Untrusted code, kept as data: the string {evaluation.ARCHIVED_CODE} below, which this file never runs.",
             "`python <this file>` plays a game of it in train_2048's sandbox (evaluate_2048.py --watch); to measure it:",
             "  " + " ".join(part for part in command if part),
             f"first written at step {entry.first_step}; written {times(entry.times)}",
-            f"held-out games: {h['games']} (seeds {self.seeds[0]}-{self.seeds[-1]}, {s.size}x{s.size} board to "
-            f"{s.target}): mean reward {h['reward']:.2f}, mean score {h['score']:.1f}, win rate {h['win_rate']:.0%}, "
-            f"largest tile {h['max_tile']}",
+            f"held-out games: {h['games']} (seeds {self.seeds[0]}-{self.seeds[0] + h['games'] - 1}, {s.size}x{s.size} "
+            f"board to {s.target}): mean reward {h['reward']:.2f} (lower bound {entry.bound():.2f}), mean score "
+            f"{h['score']:.1f}, win rate {h['win_rate']:.0%}, largest tile {h['max_tile']}",
             f"training games: {train['games']}: mean reward {train['reward']:.2f}, mean score {train['score']:.1f}, "
             f"win rate {train['win_rate']:.0%}, largest tile {train['max_tile']}",
             f"id {entry.id} (a digest of its syntax tree: formatting and comments do not count)",
@@ -506,11 +575,14 @@ class StrategyArchive(TrainerCallback):
             log.warning(f"{path} was played on another board or profile: a new strategy archive starts here")
             return
         self.entries = {e["id"]: Entry(**e) for e in saved["entries"]}
+        if saved["format"] < STATE_FORMAT:  # ranked before each held-out game's reward was kept: ranked again
+            saved["seeds"] = None
         self.credit, self.steps, self.answers = saved["credit"], saved["steps"], saved["answers"]
         self.training_seconds, self.spent_seconds = saved["training_seconds"], saved["spent_seconds"]
         self.reported["best"] = saved["reported"]
         if saved["seeds"] != self.seeds:
-            log.warning(f"{path} re-scored on other held-out games: its ranked strategies are re-scored again")
+            why = "on other held-out games" if saved["seeds"] else "before each game's reward was kept"
+            log.warning(f"{path} re-scored {why}: its ranked strategies are re-scored again")
             for entry in self.entries.values():
                 if entry.status in ("ranked", "too_slow"):
                     entry.status, entry.held_out = "seen", None
@@ -519,7 +591,8 @@ class StrategyArchive(TrainerCallback):
 
 STATE_TYPES = {"format": int, "board": dict, "seeds": list, "credit": float, "training_seconds": float, "steps": int,
                "answers": int, "spent_seconds": float, "reported": str | None, "entries": list}  # fmt: skip
-HELD_OUT_TYPES = {"games": int, "reward": float, "score": float, "win_rate": float, "max_tile": int, "seconds": float}
+HELD_OUT_TYPES = {"games": int, "reward": float, "score": float, "win_rate": float, "max_tile": int, "seconds": float,
+                  "rewards": list}  # fmt: skip
 NEW_IN_FORMAT_2 = {"rescored_games": 0, "rescored_seconds": 0.0}
 
 
@@ -527,7 +600,7 @@ def state_problem(saved) -> str | None:
     """Why a checkpoint's archive (JSON, as read) cannot be continued, or None: every field there and of its type,
     none unknown, each strategy's code the one its id names (so it parses), statuses that agree with the rest."""
     problem = fields_problem(saved, STATE_TYPES, "") if isinstance(saved, dict) else "not a JSON object"
-    if problem is None and saved["format"] not in (1, STATE_FORMAT):
+    if problem is None and saved["format"] not in (1, 2, STATE_FORMAT):
         problem = f"format {saved['format']}, not {STATE_FORMAT}"
     if problem is None and not all(is_a(seed, int) for seed in saved["seeds"]):
         problem = "seeds is not a list of counts"
@@ -540,7 +613,9 @@ def state_problem(saved) -> str | None:
             return f"{where} is not an object"
         if saved["format"] == 1:
             entry = {**NEW_IN_FORMAT_2, **entry}
-            saved["entries"][i] = entry
+        if saved["format"] < 3 and isinstance(entry.get("held_out"), dict):  # (re-scored on loading: load_state)
+            entry["held_out"] = {"rewards": [], **entry["held_out"]}
+        saved["entries"][i] = entry
         problem = fields_problem(entry, entry_types, where + ".")
         if problem is not None:
             return problem
@@ -558,6 +633,10 @@ def state_problem(saved) -> str | None:
             return f"{where}: {'no held-out scores' if held_out is None else 'held-out scores'} with status {status!r}"
         if held_out is not None and (problem := fields_problem(held_out, HELD_OUT_TYPES, f"{where}.held_out.")):
             return problem
+        if held_out is not None and not all(is_a(g, float) for g in held_out["rewards"]):
+            return f"{where}.held_out.rewards is not a list of numbers"
+        if held_out is not None and saved["format"] == STATE_FORMAT and len(held_out["rewards"]) != held_out["games"]:
+            return f"{where}: {len(held_out['rewards'])} held-out game rewards for {held_out['games']} games"
     return None
 
 
@@ -592,11 +671,12 @@ def mark_cheating(entry: Entry) -> None:
     entry.status, entry.code, entry.held_out = "cheats", None, None
 
 
-def describe_entry(entry: Entry, games: int) -> str:
+def describe_entry(entry: Entry) -> str:
     h = entry.held_out
     return (
         f"{entry.id} (first written at step {entry.first_step}, {times(entry.times)}): held-out reward "
-        f"{h['reward']:.2f}, score {h['score']:.0f}, win {h['win_rate']:.0%}, tile {h['max_tile']} over {games} games"
+        f"{h['reward']:.2f} (lower bound {entry.bound():.2f}), score {h['score']:.0f}, win {h['win_rate']:.0%}, tile "
+        f"{h['max_tile']} over {h['games']} games"
     )
 
 

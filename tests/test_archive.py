@@ -140,6 +140,75 @@ def test_held_out_scores_are_what_evaluate_2048_measures(archive):
     assert [e.id for e in archive.ranked()] == [entry(archive, CORNER).id, entry(archive, CYCLE).id]  # corner first
 
 
+BIASED_RANDOM = 'import random\n\ndef strategy(board):\n    return random.choice("AAASSD")\n'
+
+
+def ranked_on(archive, code: str, rewards_per_game: list[float], first_step: int = 1):
+    """A strategy ranked on held-out games with these rewards (its other numbers alike)."""
+    archive.merge([(first_step, code, [PlayedGame(5.0, 50, False, 16, 0.01)] * 2, False)])
+    e = archive.entries[strategy_archive.strategy_id(code)]
+    rows = [PlayedGame(r, int(10 * r), False, 16, 0.01) for r in rewards_per_game]
+    e.status, e.held_out = "ranked", strategy_archive.held_out_stats(rows)
+    return e
+
+
+def test_a_lucky_mean_on_few_games_does_not_outrank_a_steadier_better_player(tmp_path):
+    """A biased random player that won one of its 4 held-out games (mean 5.4: one lucky game) against a player that
+    earns 4.5 every game: the old ranking by the mean alone put the lucky one first. Ranked by the lower bound, the
+    steady player leads, and the lucky one's neighbours are not told apart, so they are offered more games."""
+    archive = new_archive(tmp_path)
+    lucky = ranked_on(archive, clean(BIASED_RANDOM), [20.0, 0.5, 0.6, 0.5])
+    steady = ranked_on(archive, clean(CORNER), [4.4, 4.6, 4.5, 4.5])
+    assert lucky.held_out["reward"] > steady.held_out["reward"]  # what the mean said
+    assert archive.ranked() == [steady, lucky]
+    assert sorted(e.id for e in archive.near_ties()) == sorted([steady.id, lucky.id])
+    assert archive.next_seeds(lucky) == [SEEDS[-1] + 1 + i for i in range(len(SEEDS))]  # the next round, not replayed
+
+
+def test_strategies_that_play_the_same_games_are_a_tie_not_a_near_tie(tmp_path):
+    """Two strategies whose held-out games pay the same (the same play: a variant with a comment changed nothing)
+    are told apart as equals and never replayed: their order is the earlier one first."""
+    archive = new_archive(tmp_path)
+    games = [4.0, 9.5, 1.0, 6.0]
+    first = ranked_on(archive, clean(CORNER), games)
+    again = ranked_on(archive, clean(CORNER.replace('return "A"\n', 'return "A"  # the fallback\n  \n') + "X = 1\n"),
+                      games, first_step=2)  # fmt: skip
+    assert archive.ranked() == [first, again] and archive.near_ties() == []
+
+
+def lucky_start(n: int) -> int:
+    """The first seed of n consecutive held-out games on which the biased random player's mean reward beats the
+    corner player's (it earns less over many games): found by playing them here, as the sandbox plays them."""
+    def rewards_on(code, seeds):
+        namespace = {}
+        exec(code, namespace)  # our own two players, in this process
+        played = [game2048.play_game(namespace["strategy"], seed=seed, size=SETTINGS.size, target=SETTINGS.target)
+                  for seed in seeds]  # fmt: skip
+        return [rewards.game_score(SimpleNamespace(status=g.state(), score=g.score()), SETTINGS) for g in played]
+
+    for start in range(0, 10_000, n):
+        seeds = list(range(start, start + n))
+        if sum(rewards_on(clean(BIASED_RANDOM), seeds)) > sum(rewards_on(clean(CORNER), seeds)) + 0.5 * n:
+            return start
+    raise AssertionError("no lucky games found")
+
+
+def test_a_biased_random_player_lucky_on_the_first_held_out_games_ends_below_the_corner_player(tmp_path):
+    """Re-scored through the sandbox on 4 held-out games where the biased random player happens to beat the corner
+    player by half a reward a game: the old ranking put it first for good. Now the pair is a near-tie, both play more
+    rounds of held-out games within the budget, and the corner player ends first."""
+    start = lucky_start(len(SEEDS))
+    archive = new_archive(tmp_path, seeds=list(range(start, start + len(SEEDS))))
+    claim = [PlayedGame(5.0, 50, False, 16, 0.002)] * 2
+    archive.merge([(1, clean(BIASED_RANDOM), claim, False), (1, clean(CORNER), claim, False)])
+    for _ in range(strategy_archive.MAX_ROUNDS + 1):
+        archive.end_step(1.0)
+    lucky, corner = entry(archive, BIASED_RANDOM), entry(archive, CORNER)
+    print(f"start {start}: corner {corner.held_out}; biased random {lucky.held_out}")
+    assert lucky.status == "ranked" and archive.ranked() == [corner, lucky]
+    assert corner.held_out["games"] > len(SEEDS)  # the near-tie was played on
+
+
 def test_a_hostile_strategy_is_in_no_file_and_its_rescoring_meets_the_walls(archive, tmp_path, monkeypatch):
     marker = tmp_path / "escaped"
     played, play_answers = [], rewards.play_answers  # the rewards' play: the one way both go to the sandbox
@@ -508,7 +577,7 @@ DAMAGES = {
     "a count as a string": edited(lambda s, e: s.update(steps="1")),
     "entries as an object": edited(lambda s, e: s.update(entries={})),
     "seeds as strings": edited(lambda s, e: s.update(seeds=["0"])),
-    "a newer format": edited(lambda s, e: s.update(format=3)),
+    "a newer format": edited(lambda s, e: s.update(format=strategy_archive.STATE_FORMAT + 1)),
     "an unknown field of a strategy": edited(lambda s, e: e.update(note="mine")),
     "a strategy without its code field": edited(lambda s, e: e.pop("code")),
     "a negative count": edited(lambda s, e: e.update(times=-1)),
@@ -520,6 +589,8 @@ DAMAGES = {
     "an unknown status": edited(lambda s, e: e.update(status="best")),
     "ranked without its scores": edited(lambda s, e: e.update(held_out=None)),
     "held-out scores of a wrong type": edited(lambda s, e: e["held_out"].update(score="high")),
+    "a game's reward that is no number": edited(lambda s, e: e["held_out"]["rewards"].__setitem__(0, "20")),
+    "fewer game rewards than games": edited(lambda s, e: e["held_out"]["rewards"].pop()),
     "one strategy twice": edited(lambda s, e: s["entries"].append(dict(e))),
 }
 
@@ -535,14 +606,21 @@ def test_a_damaged_checkpoint_archive_is_one_line_and_a_fresh_archive(damage, sa
     print(damage, "->", lines[0])
 
 
-def test_a_checkpoint_of_the_first_format_still_loads(saved_state, tmp_path):
-    old = json.loads(json.dumps(saved_state)) | {"format": 1}
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_a_checkpoint_of_an_older_format_still_loads(fmt, saved_state, tmp_path, caplog):
+    """An older checkpoint kept no reward per held-out game, which the ranking's bound needs: its strategies load, and
+    the ranked ones are re-scored."""
+    old = json.loads(json.dumps(saved_state)) | {"format": fmt}
     for entry in old["entries"]:
-        del entry["rescored_games"], entry["rescored_seconds"]
+        if entry["held_out"]:
+            del entry["held_out"]["rewards"]
+        if fmt == 1:
+            del entry["rescored_games"], entry["rescored_seconds"]
     (tmp_path / strategy_archive.STATE_FILE).write_text(json.dumps(old))
     again = new_archive(tmp_path)
     again.load_state(tmp_path)
-    assert again.state() == saved_state
+    assert again.entries.keys() == {e["id"] for e in saved_state["entries"]}
+    assert {e.status for e in again.entries.values()} == {"seen", "cheats"} and "re-scored again" in caplog.text
 
 
 def test_files_are_replaced_only_by_an_archive_that_holds_what_they_show(tmp_path, caplog):

@@ -106,6 +106,8 @@ def test_file_strategies_are_judged_like_answers(tmp_path, capsys):
         tmp_path,
         "--games",
         3,
+        "--seed",
+        0,
         *BOARD,
         *SLACK,
         "--no-baselines",
@@ -154,7 +156,7 @@ def test_a_models_best_and_median_sample(tmp_path):
 
 
 def test_watch_a_baseline_when_piped():
-    r = run("--watch", "greedy", *BOARD, "--speed", 0)
+    r = run("--watch", "greedy", *BOARD, "--speed", 0, "--seed", 0)
     assert r.returncode == 0, r.stderr
     direct = strategies.play_games(strategies.greedy_strategy, 1, seed=0, size=4, target=128)
     lines = r.stdout.strip().splitlines()
@@ -304,7 +306,7 @@ def test_config_gives_the_trained_game_and_nothing_of_the_training_run(tmp_path,
     preset = tmp_path / "preset.yaml"
     preset.write_text("size: 4\nkeys: ZQSD\nchat_template_kwargs: {reasoning_effort: high}\ngames: 2\nseed: 7\n")
     args, settings = evaluate_2048.parse_args(["--config", str(preset), "--games", "3"])
-    assert (settings.size, settings.keys, args.reasoning_effort, settings.games, args.seed) == (4, "ZQSD", "high", 3, 0)
+    assert (settings.size, settings.keys, args.reasoning_effort, settings.games, args.seed) == (4, "ZQSD", "high", 3, None)
     with pytest.raises(SystemExit) as stop:
         evaluate_2048.parse_args(["--help"])
     assert stop.value.code == 0
@@ -333,3 +335,97 @@ def test_no_evaluation_replaces_another(tmp_path, monkeypatch, capsys):
     assert (given / "results.json").read_text() == first
     assert evaluate_2048.main([*quick, "--output_dir", str(given), "--seed", "5", "--overwrite_output_dir", "true"]) == 0
     assert (given / "results.json").read_text() != first
+
+
+def test_by_default_each_evaluation_plays_games_no_strategy_can_know(tmp_path, capsys):
+    """Public seeds can be looked up: a strategy that recognises game 0 by its random's first draw plays it with
+    foresight. Without --seed, each evaluation draws a secret 63-bit start, prints it in the table's header and keeps it
+    in results.json, so the run replays with --seed; with --seed, those games."""
+    mine = tmp_path / "mine.py"
+    mine.write_text(GOOD)
+    quick = ["--strategy", str(mine), "--no-baselines", "--games", "2", *BOARD, *SLACK]
+    first, second = (evaluate(tmp_path / name, *quick) for name in ("first", "second"))
+    out = " ".join(capsys.readouterr().out.split())
+    starts = [report["settings"]["seeds"][0] for report in (first, second)]
+    assert starts[0] != starts[1] and all(start >= 2**32 for start in starts), starts
+    assert all(report["settings"]["seed_drawn"] and report["settings"]["seed"] == report["settings"]["seeds"][0]
+               for report in (first, second))  # fmt: skip
+    assert all(f"--seed {start} replays it" in out for start in starts), out
+    again = evaluate(tmp_path / "again", *quick, "--seed", starts[0])
+    assert again["settings"]["seeds"] == first["settings"]["seeds"] and not again["settings"]["seed_drawn"]
+    assert [g["score"] for g in again["games"]] == [g["score"] for g in first["games"]]
+
+
+def refused(capsys, argv) -> str:
+    """main() stopped at a user's mistake: exit 2 and one line on stderr; that line."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        evaluate_2048.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(("flag", "kind"), [("--strategy", "fifo"), ("--strategy", "/dev/zero"),
+                                           ("--strategy", "/dev/stdin"), ("--watch", "fifo")])  # fmt: skip
+def test_a_strategy_file_that_is_no_file_is_one_line_not_a_hang(flag, kind, tmp_path):
+    """A FIFO nobody writes (the open would wait for ever), /dev/zero (endless), /dev/stdin (here a pipe nobody
+    closes): one line, exit 2, at once, and no output folder made."""
+    path = tmp_path / "strategy.py" if kind == "fifo" else kind
+    if kind == "fifo":
+        os.mkfifo(path)
+    with subprocess.Popen([sys.executable, str(REPO / "evaluate_2048.py"), flag, str(path), "--no-baselines",
+                           "--output_dir", str(tmp_path / "out"), *BOARD], cwd=REPO, env=ENV, text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:  # fmt: skip
+        try:
+            out, err = child.communicate(timeout=60)  # stdin stays open: /dev/stdin would wait on it
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise AssertionError(f"{flag} {kind}: still running after 60 s") from None
+    assert child.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert str(path) in err and "not a regular file" in err and not (tmp_path / "out").exists(), err
+
+
+def test_a_folder_as_strategy_file_is_one_line(tmp_path, capsys):
+    err = refused(capsys, ["--strategy", str(tmp_path), "--no-baselines", "--output_dir", str(tmp_path / "out")])
+    assert f"--strategy {tmp_path}: cannot read it: a folder, not a regular file" in err and not (tmp_path / "out").exists(), err
+
+
+def test_a_users_max_tiles_png_in_output_dir_is_never_replaced(tmp_path, capsys):
+    """A max_tiles.png of the user's own in the given --output_dir (no evaluation wrote it) is refused, even with
+    --overwrite_output_dir: one line, exit 2, the folder as it was."""
+    mine = tmp_path / "mine.py"
+    mine.write_text(GOOD)
+    given = tmp_path / "given"
+    given.mkdir()
+    (given / "max_tiles.png").write_bytes(b"my own picture")
+    quick = ["--strategy", str(mine), "--no-baselines", "--games", "1", "--output_dir", str(given), *BOARD]
+    for overwrite in ([], ["--overwrite_output_dir", "true"]):
+        err = refused(capsys, [*quick, *overwrite])
+        assert "max_tiles.png that no evaluation wrote" in err, err
+        assert sorted(os.listdir(given)) == ["max_tiles.png"]
+        assert (given / "max_tiles.png").read_bytes() == b"my own picture"
+
+
+def test_a_dangling_results_link_is_never_written_through(tmp_path, capsys):
+    """results.json a link to a file outside (not there yet): refused, even with --overwrite_output_dir, and the
+    file outside is never made. What an evaluation wrote, it replaces with --overwrite_output_dir; a link put in its
+    place afterwards is refused again."""
+    mine = tmp_path / "mine.py"
+    mine.write_text(GOOD)
+    given, outside = tmp_path / "given", tmp_path / "elsewhere" / "notes.txt"
+    given.mkdir()
+    outside.parent.mkdir()
+    (given / "results.json").symlink_to(outside)
+    quick = ["--strategy", str(mine), "--no-baselines", "--games", "1", "--output_dir", str(given), *BOARD]
+    for overwrite in ([], ["--overwrite_output_dir", "true"]):
+        err = refused(capsys, [*quick, *overwrite])
+        assert "results.json that no evaluation wrote" in err and not outside.exists(), err
+    (given / "results.json").unlink()
+    assert evaluate_2048.main([*quick, "--seed", "1"]) == 0
+    assert evaluate_2048.main([*quick, "--seed", "2", "--overwrite_output_dir", "true"]) == 0  # its own: replaced
+    assert json.loads((given / "results.json").read_text())["settings"]["seeds"] == [2]
+    (given / "results.json").unlink()
+    (given / "results.json").symlink_to(outside)
+    err = refused(capsys, [*quick, "--overwrite_output_dir", "true"])
+    assert "results.json that no evaluation wrote" in err and not outside.exists(), err
