@@ -35,6 +35,7 @@ import options
 import rewards
 import run_folder
 import sandbox
+import saving
 
 HELD: list[int] = []  # the output folder's lock, held while the run lives (run_folder.take)
 log = logging.getLogger("train_2048")
@@ -110,9 +111,9 @@ def start_logging(output_dir: Path, state) -> None:
 def load_policy(script_args, training_args, model_args, backend: str, prompt: str, state, output_dir: Path):
     """(model, tokenizer) to train; the CPU demo's tiny model is built first, once, by the main process."""
     model_name = model_args.model_name_or_path
-    if model_name == models.TINY:
+    if model_name == demo_data.TINY:
         with state.main_process_first():
-            built = models.build_tiny_model(output_dir / "tiny-model", demo_data.corpus(prompt), training_args.seed)
+            built = demo_data.build_tiny_model(output_dir / "tiny-model", demo_data.corpus(prompt), training_args.seed)
         model_name = str(built)
     model, tokenizer = models.load_model(
         model_name,
@@ -142,7 +143,7 @@ def load_policy(script_args, training_args, model_args, backend: str, prompt: st
 def check_budget(tokenizer, settings, script_args, training_args, model_name: str, backend: str, reasoning: str) -> None:
     """One warning line when the token budget cannot hold what the reward pays for: a completion cut off before its
     code block closes holds no code, so a budget below a board-reading answer leaves only board-blind ones to learn."""
-    if model_name == models.TINY:
+    if model_name == demo_data.TINY:
         return  # the demo's budget is set by its own example answers (tests/test_train.py checks they fit)
     analysis, answer = rewards.completion_need(tokenizer)
     prompt = rewards.prompt_tokens(tokenizer, settings, reasoning)
@@ -320,7 +321,7 @@ def save(trainer, tokenizer, settings, plan) -> int:
     import evaluation
 
     steps = trainer.state.global_step
-    ok = models.save_and_verify(
+    ok = saving.save_and_verify(
         trainer, tokenizer, save_method=plan.script_args.save_method, verify=plan.script_args.verify_save,
         use_peft=plan.model_args.use_peft, backend=plan.backend, seed=plan.training_args.seed,
         output_dir=plan.output_dir, merge_base=plan.merge_source,
