@@ -61,6 +61,9 @@ class MergeArguments:
     seed: int = field(default=0, metadata={"help": "Seed of the sampled completions the distributions are compared on."})
 
 
+USAGE = "merge_2048.py --adapter FOLDER [--base MODEL] [--output_dir FOLDER] [--option VALUE ...]"
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """--help keeps the usage examples as written and shows every default."""
 
@@ -72,12 +75,28 @@ def die(message: str) -> None:
 
 
 def parse_args(argv: list[str] | None) -> MergeArguments:
+    """The options; a mistake (an unknown option, a value of the wrong kind, --adapter not given) is one line and exit
+    status 2, as train_2048.py's are, never argparse's usage block. --help prints the whole help."""
     from transformers import HfArgumentParser
 
-    parser = HfArgumentParser(MergeArguments, prog="merge_2048.py", description=__doc__, formatter_class=HelpFormatter,
-                              allow_abbrev=False)  # fmt: skip
-    (args,) = parser.parse_args_into_dataclasses(argv)
-    return args
+    import options
+
+    parser = HfArgumentParser(MergeArguments, prog="merge_2048.py", usage=USAGE, description=__doc__,
+                              formatter_class=HelpFormatter, allow_abbrev=False, exit_on_error=False)  # fmt: skip
+    required = [action for action in parser._actions if action.required]
+    for action in required:  # argparse (before 3.12) prints its usage and exits for a missing option: checked below
+        action.required = False
+    try:
+        namespace, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    except argparse.ArgumentError as error:
+        die(f"{(error.argument_name or '').split('/')[0]}: {error.message}")
+    if rest:
+        die(options.unknown(parser, rest[0]))
+    for action in required:
+        if getattr(namespace, action.dest) is None:
+            said = action.help[0].lower() + action.help[1:].rstrip(".")
+            die(f"{action.option_strings[0]} is required ({said}; --help lists every option)")
+    return MergeArguments(**vars(namespace))
 
 
 def check_inputs(args: MergeArguments) -> tuple[Path, str, Path]:

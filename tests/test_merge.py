@@ -210,6 +210,25 @@ def test_a_hub_base_that_cannot_be_reached_is_one_line(tiny, tmp_path, monkeypat
     one_line_error(capsys, stop, "nobody/no-such-model cannot be reached on the Hugging Face hub")
 
 
+# Mistakes argparse finds, each our one line (never argparse's usage block), with nothing read or written.
+MISTYPED = {
+    "no argument": ([], ["--adapter is required", "--help"]),
+    "unknown option": (["--nosuch", "1"], ["unknown option --nosuch", "--help"]),
+    "abbreviated": (["--adapte", "x"], ["unknown option --adapte", "did you mean --adapter?"]),
+    "bad value": (["--adapter", "x", "--seed", "x"], ["--seed", "invalid int value: 'x'"]),
+    "no value": (["--adapter"], ["--adapter", "expected one argument"]),
+    "stray value": (["--adapter", "x", "y"], ["unexpected value 'y'"]),
+}
+
+
+@pytest.mark.parametrize("case", MISTYPED)
+def test_a_mistyped_command_line_is_one_line_and_exit_2(case, capsys):
+    args, words = MISTYPED[case]
+    with pytest.raises(SystemExit) as stop:
+        merge(*args)
+    one_line_error(capsys, stop, *words)
+
+
 def test_help_lists_the_options(capsys):
     """As a process, a bad input is one line on stderr after PEFT's imports: tests/test_library_noise.py runs it."""
     with pytest.raises(SystemExit) as stop:
