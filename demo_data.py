@@ -131,6 +131,7 @@ def build_tiny_model(path: Path, corpus: list[str], seed: int) -> Path:
         return path.resolve()
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
     tokenizer = build_tokenizer(corpus)
     config = LlamaConfig(
@@ -149,6 +150,8 @@ def build_tiny_model(path: Path, corpus: list[str], seed: int) -> Path:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     tmp = saving.fresh(path)
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards" on stderr: never before a run's one-line error
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -156,6 +159,9 @@ def build_tiny_model(path: Path, corpus: list[str], seed: int) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     return path.resolve()  # absolute: adapter_config.json and train_2048_base.json name it from any working folder
 
 

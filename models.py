@@ -91,18 +91,20 @@ def load_model(
 ):
     """(model, tokenizer). `model_args` is TRL's ModelConfig (dtype, attention, 4-bit, LoRA options).
 
-    trainable: with fresh LoRA adapters when `model_args.use_peft` (or in full for fine-tuning); else for
-    inference, with the adapters saved in `adapter` on top when given (transformers backend), the tokenizer
-    then coming from the adapter's folder if it has one. The generation config's `max_length` is left unset:
+    trainable: with fresh LoRA adapters when `model_args.use_peft` (attach_lora, a step after the load whose failure
+    is LoraRefused), or in full for fine-tuning; else for inference, with the adapters saved in `adapter` on top when
+    given (transformers backend), the tokenizer then coming from the adapter's folder if it has one. The generation config's `max_length` is left unset:
     callers always pass `max_new_tokens`, and a checkpoint's own `max_length` only made transformers warn at
     every generation.
     """
     if backend == "unsloth":
-        model, tokenizer = _load_unsloth(path, model_args, trainable, max_seq_length, offload_embedding, seed,
-                                         gradient_checkpointing)  # fmt: skip
+        model, tokenizer = _load_unsloth(path, model_args, trainable, max_seq_length, offload_embedding)
     else:
-        model, tokenizer = _load_transformers(path, model_args, adapter, trainable, device_map, local_files_only,
+        model, tokenizer = _load_transformers(path, model_args, adapter, device_map, local_files_only,
                                               trust_remote_code)  # fmt: skip
+    if trainable and model_args.use_peft:
+        model = attach_lora(model, model_args, path, backend=backend, seed=seed,
+                            gradient_checkpointing=gradient_checkpointing)  # fmt: skip
     model.generation_config.max_length = None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -129,33 +131,22 @@ def not_a_model(path: str) -> str | None:
     return "no config.json there, so not a model folder (one holds config.json, the weights and the tokenizer)"
 
 
-def _load_unsloth(path, model_args, trainable, max_seq_length, offload_embedding, seed, gradient_checkpointing):
+def _load_unsloth(path, model_args, trainable, max_seq_length, offload_embedding):
     from unsloth import FastLanguageModel
 
-    model, tokenizer = FastLanguageModel.from_pretrained(
+    return FastLanguageModel.from_pretrained(
         model_name=path,
         max_seq_length=max_seq_length,
         load_in_4bit=model_args.load_in_4bit,
         offload_embedding=offload_embedding,
         full_finetuning=trainable and not model_args.use_peft,
     )
-    if trainable and model_args.use_peft:
-        model = FastLanguageModel.get_peft_model(
-            model,
-            r=model_args.lora_r,
-            lora_alpha=model_args.lora_alpha,
-            lora_dropout=lora_dropout(model, model_args.lora_target_modules, model_args.lora_dropout),
-            target_modules=model_args.lora_target_modules,  # Unsloth maps gate/up/down_proj onto GPT-OSS's experts
-            use_gradient_checkpointing="unsloth" if gradient_checkpointing else False,
-            random_state=seed,
-        )
-    return model, tokenizer
 
 
-def _load_transformers(path, model_args, adapter, trainable, device_map, local_files_only, trust_remote_code):
-    from peft import PeftModel, get_peft_model
+def _load_transformers(path, model_args, adapter, device_map, local_files_only, trust_remote_code):
+    from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import get_peft_config, get_quantization_config
+    from trl import get_quantization_config
 
     quantization = get_quantization_config(model_args)
     if quantization is not None and device_map is None:
@@ -181,20 +172,90 @@ def _load_transformers(path, model_args, adapter, trainable, device_map, local_f
         return attach_split_expert_lora(model, Path(adapter)), tokenizer
     if adapter is not None:
         return PeftModel.from_pretrained(model, adapter, local_files_only=local_files_only), tokenizer
-    if not (trainable and model_args.use_peft):
-        return model, tokenizer
-    peft_config = get_peft_config(model_args)
-    fused = {"gate_proj", "up_proj", "down_proj"}
-    if (
-        model.config.model_type == "gpt_oss"
-        and not peft_config.target_parameters
-        and fused & set(peft_config.target_modules or ())
-    ):
-        # transformers fuses each layer's experts into two tensors, not Linear layers: LoRA reaches them by name
-        peft_config.lora_dropout = lora_dropout(model, peft_config.target_modules, peft_config.lora_dropout)
-        peft_config.target_modules = set(peft_config.target_modules) - fused
-        peft_config.target_parameters = GPT_OSS_EXPERTS
-    return get_peft_model(model, peft_config), tokenizer
+    return model, tokenizer
+
+
+class LoraRefused(ValueError):
+    """LoRA options the loaded model cannot take: one line that names the option (train_2048 exits with status 2)."""
+
+
+def attach_lora(model, model_args, name: str, *, backend: str, seed: int = 0, gradient_checkpointing: bool = False):
+    """The loaded base with the fresh LoRA adapters a run trains (model_args' lora_* options), by the backend's own
+    get_peft_model. A step of its own after the load: LoRA options the model cannot take (a target module it does not
+    have) are a LoraRefused naming the option, checked before the library is asked, never a model that "cannot load"."""
+    problem = lora_targets_problem(model, model_args.lora_target_modules, name)
+    if problem:
+        raise LoraRefused(problem)
+    try:
+        if backend == "unsloth":
+            from unsloth import FastLanguageModel
+
+            return FastLanguageModel.get_peft_model(
+                model,
+                r=model_args.lora_r,
+                lora_alpha=model_args.lora_alpha,
+                lora_dropout=lora_dropout(model, model_args.lora_target_modules, model_args.lora_dropout),
+                target_modules=model_args.lora_target_modules,  # Unsloth maps gate/up/down_proj onto GPT-OSS's experts
+                use_gradient_checkpointing="unsloth" if gradient_checkpointing else False,
+                random_state=seed,
+            )
+        from peft import get_peft_model
+        from trl import get_peft_config
+
+        peft_config = get_peft_config(model_args)
+        fused = {"gate_proj", "up_proj", "down_proj"}
+        if (
+            model.config.model_type == "gpt_oss"
+            and not peft_config.target_parameters
+            and fused & set(peft_config.target_modules or ())
+        ):
+            # transformers fuses each layer's experts into two tensors, not Linear layers: LoRA reaches them by name
+            peft_config.lora_dropout = lora_dropout(model, peft_config.target_modules, peft_config.lora_dropout)
+            peft_config.target_modules = set(peft_config.target_modules) - fused
+            peft_config.target_parameters = GPT_OSS_EXPERTS
+        return get_peft_model(model, peft_config)
+    except Exception as error:  # noqa: BLE001 - the library's refusal of these options: one line, the options named
+        raise LoraRefused(f"LoRA adapters (--lora_r {model_args.lora_r}, --lora_target_modules "
+                          f"{spelled(model_args.lora_target_modules)}) cannot be put on {name}: "
+                          f"{type(error).__name__}: {one_line(error)}") from error  # fmt: skip
+
+
+def lora_targets_problem(model, targets, name: str) -> str | None:
+    """Why --lora_target_modules names what `model` does not have (None: every entry reaches a module), matched as PEFT
+    matches: a list entry is a module's name or the end of one after a dot; one value (TRL's ModelConfig makes a single
+    entry a string) is a pattern of a whole module name; GPT-OSS's expert names (gate_proj, up_proj, down_proj) reach
+    its experts on either backend. Every entry must match: PEFT itself drops an entry that matches nothing when another
+    does, and a run would train without it, unsaid."""
+    if targets is None or targets == "all-linear":
+        return None
+    import torch
+
+    names = [module for module, _ in model.named_modules() if module]
+    experts = {"gate_proj", "up_proj", "down_proj"} if experts_layout(model) else set()
+    linear = (n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+    has = ", ".join(dict.fromkeys([*(n for n in linear if not n.isdigit()), *sorted(experts)]))  # not a split expert's index
+    if isinstance(targets, str):
+        try:
+            if any(re.fullmatch(targets, module) for module in names):
+                return None
+        except re.error as error:
+            return f"--lora_target_modules {targets}: one value is read as a pattern of module names, and it is none ({error})"
+        leaf = any(module.endswith(f".{targets}") for module in names)
+        if leaf or targets in experts:
+            return (f"--lora_target_modules {targets}: one value is read as a pattern of whole module names (TRL's "
+                    f"rule), and {targets} matches none of {name}'s: give two names or more"
+                    + (f", or the pattern '.*\\.{targets}'" if leaf and targets not in experts else ""))  # fmt: skip
+        return f"--lora_target_modules {targets}: no module of {name} has that name (it has {has})"
+    unknown = [t for t in targets if t not in experts and not any(m == t or m.endswith(f".{t}") for m in names)]
+    if not unknown:
+        return None
+    which = "that name" if len(targets) == 1 else f"the name{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
+    return f"--lora_target_modules {spelled(targets)}: no module of {name} has {which} (it has {has})"
+
+
+def spelled(targets) -> str:
+    """--lora_target_modules as it is typed."""
+    return targets if isinstance(targets, str) or targets is None else " ".join(targets)
 
 
 def lora_dropout(model, targets, dropout: float) -> float:

@@ -294,8 +294,9 @@ def announce(plan, state) -> None:
 
 
 def load_or_leave(plan, prompt: str, state, created: bool):
-    """(model, tokenizer), with the checks that need them; a model that does not load leaves the folder as it was
-    (the run's own files removed) and ends the run with one line."""
+    """(model, tokenizer), with the checks that need them; a model that does not load, or LoRA options it cannot take
+    (models.LoraRefused, which names them), leaves the folder as it was (the run's own files removed) and ends the run
+    with one line."""
     try:
         model, tokenizer = load_policy(plan.script_args, plan.training_args, plan.model_args, plan.backend, prompt,
                                        state, plan.output_dir)  # fmt: skip
@@ -307,6 +308,8 @@ def load_or_leave(plan, prompt: str, state, created: bool):
             shutil.rmtree(plan.output_dir, ignore_errors=True)
         elif state.is_main_process and plan.checkpoint is None and not run_folder.results_held(plan.output_dir):
             run_folder.clear_run(plan.output_dir)  # nothing of the run but its log: the folder as it was before it
+        if isinstance(exc, models.LoraRefused):
+            die(str(exc))
         die(f"cannot load model {plan.model_args.model_name_or_path}: {one_line(exc, 300)}")
     if plan.checkpoint is not None:
         compare_adapters(model, plan.checkpoint)

@@ -7,8 +7,8 @@ UNSLOTH_ALLOW_CPU=1, under which it also skips its rewrite of TRL's trainers: `r
 `import unsloth` does, so the UnslothGRPOTrainer and UnslothGRPOConfig that train_2048.py subclasses and parses are the
 generated ones, for the installed TRL.
 
-Every test loads through models._load_unsloth as train_2048 does: Unsloth's FastLanguageModel.from_pretrained and
-get_peft_model themselves. The default preset loads `<tiny>-split-4bit`, a tiny GPT-OSS in Unsloth's pre-quantized split
+Every test loads through models._load_unsloth and models.attach_lora as train_2048 does: Unsloth's
+FastLanguageModel.from_pretrained and get_peft_model themselves. The default preset loads `<tiny>-split-4bit`, a tiny GPT-OSS in Unsloth's pre-quantized split
 layout (NF4 Linear4bit per expert and in attention), built on the CPU by bench/gpu_check.py's own code; the BF16
 preset loads the fused `<tiny>`; offload_embedding is what each preset sets.
 
