@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None) -> MergeArguments:
     parser = HfArgumentParser(MergeArguments, prog="merge_2048.py", usage=USAGE, description=__doc__,
                               formatter_class=HelpFormatter, allow_abbrev=False, exit_on_error=False)  # fmt: skip
     required = [action for action in parser._actions if action.required]
-    for action in required:  # argparse (before 3.12) prints its usage and exits for a missing option: checked below
+    for action in required:  # Python 3.11's argparse exits with its usage for these even so: checked below instead
         action.required = False
     try:
         namespace, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
