@@ -113,7 +113,9 @@ def save_and_verify(trainer, tokenizer, *, save_method: str, verify: bool, use_p
     if save_method == "merged_16bit":
         del model
         release(trainer)  # the merge loads the 16-bit base: a 20B model does not fit twice on one GPU
-        return ok & merge_in_fresh_process(final, merge_base, output_dir / "final-merged_16bit")
+        log_file = output_dir / "training.log"  # train_2048's, opened by start_logging (never through a link)
+        return ok & merge_in_fresh_process(final, merge_base, output_dir / "final-merged_16bit",
+                                           log_file if log_file.is_file() else None)  # fmt: skip
     return ok
 
 
@@ -134,16 +136,16 @@ def unsloth_mxfp4(model, tokenizer, folder: Path) -> bool:
     return True
 
 
-def merge_in_fresh_process(adapter: Path, base: str, folder: Path) -> bool:
+def merge_in_fresh_process(adapter: Path, base: str, folder: Path, log_file: Path | None = None) -> bool:
     """merge_2048.py on `adapter`, in a process of its own (transformers' own classes: Unsloth swaps GPT-OSS's expert
-    classes process-wide), its lines on this console and in training.log. True for a correct merge."""
+    classes process-wide), its lines on this console and appended to `log_file` (training.log). True for a correct
+    merge. The file is named, not looked for among the handlers: train_2048 writes it through a StreamHandler."""
     logger = logging.getLogger("train_2048")
-    logfile = next((h.baseFilename for h in logger.handlers if isinstance(h, logging.FileHandler)), None)
     for handler in logger.handlers:
         handler.flush()
     command = [sys.executable, str(Path(__file__).with_name("merge_2048.py")), "--adapter", str(adapter), "--base",
                str(base), "--output_dir", str(folder), "--overwrite_output_dir"]  # fmt: skip
-    command += ["--log_file", logfile] if logfile else []
+    command += ["--log_file", str(log_file)] if log_file else []
     result = subprocess.run(command, stderr=subprocess.PIPE, text=True)
     if result.returncode == 0 or (result.returncode == 1 and "Traceback" not in result.stderr):
         return result.returncode == 0  # its own line said how the merge went
