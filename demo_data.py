@@ -1,4 +1,5 @@
-"""Warm-start answers for the CPU demo: what a small model might write, from useless to decent.
+"""The CPU demo: its tiny model, built locally, and the warm-start answers, what a small model might write, from
+useless to decent.
 
 A randomly initialised model cannot find a working strategy by sampling, so the demo first fine-tunes it
 on these answers (SFT) and then lets GRPO sort them out with the real rewards and sandbox. The mix is
@@ -11,6 +12,15 @@ copies of the corner player, 6 of 32 answers after the first step were it and 7 
 runs settled on random.choice; with 4, 13 of 32 are the corner player and 3 random.choice, and 40 of 40 fresh-salt runs
 learned it (docs/PERF.md, "The CPU demo's spread").
 """
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import saving
+
+TINY = "tiny"  # model_name_or_path that builds the CPU demo's model in <output_dir>/tiny-model
 
 FENCE = "```"
 
@@ -81,8 +91,6 @@ SAMPLES = 32
 
 def sample_answers(output_dir) -> list[str]:
     """SAMPLES answers of a finished demo run (its final/ adapters on its tiny-model), seeded, at temperature 1."""
-    from pathlib import Path
-
     from trl import ModelConfig
 
     import evaluation
@@ -103,3 +111,81 @@ def learned(first10: float, last10: float, kinds: dict) -> bool:
     times the cycle."""
     corner, cycle = kinds.get("corner", 0), kinds.get("cycle", 0)
     return last10 >= first10 + 4 and corner >= SAMPLES // 2 and corner > 4 * cycle
+
+
+# --- the demo's model: a tiny Llama and a tokenizer trained on the demo's own text -----------------------------------
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)  # other variables (gpt-oss's reasoning_effort) are accepted and unused
+
+
+def build_tiny_model(path: Path, corpus: list[str], seed: int) -> Path:
+    """The CPU demo's model: a 2-layer, 128-wide Llama and a 600-token BPE trained on the demo's prompt and
+    answers, saved like a hub checkpoint so it loads through the same from_pretrained call as a real one.
+
+    Pre-tokens are whole lines, so merges span spaces and an answer is a few dozen tokens. Built once per
+    output directory (a resume reuses it), in a temporary folder renamed at the end.
+    """
+    if (path / "config.json").exists():
+        return path.resolve()
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    tokenizer = build_tokenizer(corpus)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    tmp = saving.fresh(path)
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards" on stderr: never before a run's one-line error
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        saving.publish(tmp, path, "train_2048")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    return path.resolve()  # absolute: adapter_config.json and train_2048_base.json name it from any working folder
+
+
+def build_tokenizer(corpus: list[str], vocab_size: int = 600):
+    """A byte-level BPE trained on `corpus`, with the demo's chat template: no download, a few seconds."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\n|[^\n]+"), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe, pad_token="<|pad|>", eos_token="<|end|>", chat_template=CHAT_TEMPLATE
+    )

@@ -7,12 +7,12 @@
 `train_2048.py --save_method merged_16bit` runs this on final/ after training; run it yourself to merge again without
 training (after a merge that failed, or from a checkpoint). The base is the 16-bit checkpoint of the model the adapters
 were trained on (adapter_config.json names it; --base names another): the default preset's 4-bit checkpoint, and its
-MXFP4 original, merge into the BF16 copy of the same weights, unsloth/gpt-oss-20b-BF16 (models.SIXTEEN_BIT_ORIGINAL).
+MXFP4 original, merge into the BF16 copy of the same weights, unsloth/gpt-oss-20b-BF16 (merging.SIXTEEN_BIT_ORIGINAL).
 transformers loads it with its own classes (on the GPU when there is one), PEFT merges, and the merged model goes to a
 temporary folder, published whole only when the merge is right; an existing output folder is replaced only with
 --overwrite_output_dir.
 
-The merge is judged by models.merge_adapters: every merged weight against the base weight plus the adapters' product
+The merge is judged by merging.merge_adapters: every merged weight against the base weight plus the adapters' product
 computed from the adapter's own files, rounded as a 16-bit merge must round; the merged model, reloaded with
 transformers' own classes, against the same base with the adapters applied unmerged. 16-bit weights cannot hold a
 LoRA change below half a weight's last digit, and a real run's adapters are mostly that small: what the merge kept is
@@ -32,7 +32,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import models  # the standard library only at import: the heavy imports wait until the inputs are checked
+import merging  # these three: the standard library only at import; the heavy imports wait until the inputs are checked
+import models
+import saving
 
 log = logging.getLogger("train_2048.merge")
 
@@ -59,6 +61,9 @@ class MergeArguments:
     seed: int = field(default=0, metadata={"help": "Seed of the sampled completions the distributions are compared on."})
 
 
+USAGE = "merge_2048.py --adapter FOLDER [--base MODEL] [--output_dir FOLDER] [--option VALUE ...]"
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """--help keeps the usage examples as written and shows every default."""
 
@@ -70,12 +75,28 @@ def die(message: str) -> None:
 
 
 def parse_args(argv: list[str] | None) -> MergeArguments:
+    """The options; a mistake (an unknown option, a value of the wrong kind, --adapter not given) is one line and exit
+    status 2, as train_2048.py's are, never argparse's usage block. --help prints the whole help."""
     from transformers import HfArgumentParser
 
-    parser = HfArgumentParser(MergeArguments, prog="merge_2048.py", description=__doc__, formatter_class=HelpFormatter,
-                              allow_abbrev=False)  # fmt: skip
-    (args,) = parser.parse_args_into_dataclasses(argv)
-    return args
+    import options
+
+    parser = HfArgumentParser(MergeArguments, prog="merge_2048.py", usage=USAGE, description=__doc__,
+                              formatter_class=HelpFormatter, allow_abbrev=False, exit_on_error=False)  # fmt: skip
+    required = [action for action in parser._actions if action.required]
+    for action in required:  # Python 3.11's argparse exits with its usage for these even so: checked below instead
+        action.required = False
+    try:
+        namespace, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    except argparse.ArgumentError as error:
+        die(f"{(error.argument_name or '').split('/')[0]}: {error.message}")
+    if rest:
+        die(options.unknown(parser, rest[0]))
+    for action in required:
+        if getattr(namespace, action.dest) is None:
+            said = action.help[0].lower() + action.help[1:].rstrip(".")
+            die(f"{action.option_strings[0]} is required ({said}; --help lists every option)")
+    return MergeArguments(**vars(namespace))
 
 
 def check_inputs(args: MergeArguments) -> tuple[Path, str, Path]:
@@ -93,7 +114,7 @@ def check_inputs(args: MergeArguments) -> tuple[Path, str, Path]:
         die(f"--adapter {args.adapter}: adapter_config.json names no base model; pass --base")
     trained_on = models.trained_base(adapter, trained_on) if not args.base else trained_on
     try:
-        base = models.merge_base(args.base or trained_on)
+        base = merging.merge_base(args.base or trained_on)
     except ValueError as error:
         source = "--base" if args.base else f"the model {adapter} was trained on"
         die(f"{source}: {error}; --base names the 16-bit checkpoint of the same weights")
@@ -105,8 +126,8 @@ def check_inputs(args: MergeArguments) -> tuple[Path, str, Path]:
     if (output.exists() or output.is_symlink()) and not args.overwrite_output_dir:
         die(f"--output_dir {output} exists (an earlier merge?): --overwrite_output_dir replaces it, or name another "
             "--output_dir")
-    if (output.exists() or output.is_symlink()) and models.written_by(output) != "merge_2048":
-        die(f"--output_dir {output} exists and merge_2048 did not write it (no {models.MARK} of a merge there): "
+    if (output.exists() or output.is_symlink()) and saving.written_by(output) != "merge_2048":
+        die(f"--output_dir {output} exists and merge_2048 did not write it (no {saving.MARK} of a merge there): "
             "--overwrite_output_dir replaces only a merge's folder; name another --output_dir")
     if args.log_file:
         try:
@@ -139,7 +160,7 @@ def advice(report: dict, adapter: Path, quantized: str | None = None) -> str:
                f"merged model is that original plus the adapters, not the {quantized.upper()} model that was trained "
                "(quantization moves a weight by more than the adapters do), so evaluate it before serving it"
                ) if quantized else None  # fmt: skip
-    if report["kept"] >= models.MERGED_KEPT:
+    if report["kept"] >= merging.MERGED_KEPT:
         return trained or "16-bit weights hold the adapters: the merged model is the trained one"
     return (f"16-bit weights cannot hold what the adapters learned, so the adapters ({adapter}) are the faithful "
             "result: serve them on the base, or merge again after a longer run, whose larger changes 16 bits keep"
@@ -171,10 +192,10 @@ def merge(args: MergeArguments) -> int:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     try:
-        base = models.checkpoint_folder(base_name)  # a hub checkpoint is downloaded unless cached
+        base = merging.checkpoint_folder(base_name)  # a hub checkpoint is downloaded unless cached
     except Exception as error:  # noqa: BLE001 - the hub's errors (no network, no such file): one line
         die(f"cannot fetch {base_name}: {type(error).__name__}: {models.one_line(error)}")
-    missing = models.missing_weights(base, base_name)
+    missing = merging.missing_weights(base, base_name)
     if missing:
         die(missing)
     other, note = models.compare_base(adapter, base, base_name)
@@ -183,18 +204,18 @@ def merge(args: MergeArguments) -> int:
     if note:
         log.warning(note)
     try:
-        products, whole = models.adapter_products(adapter, models.tensor_shapes(base))
+        products, whole = merging.adapter_products(adapter, merging.tensor_shapes(base))
     except ValueError as error:
         die(str(error))
     try:
-        tmp = models.fresh(output)
+        tmp = saving.fresh(output)
     except OSError as error:
         die(f"--output_dir {output}: cannot write there ({error.strerror or error})")
     pairs = sum(len(p) for p in products.values())
     log.info(f"merging {adapter} ({pairs} LoRA pairs on {len(products)} tensors, {len(whole)} trained in full) into "
              f"{base_name}, to {output}")  # fmt: skip
     try:
-        report = models.merge_adapters(adapter, base, tmp, products, whole, seed=args.seed)
+        report = merging.merge_adapters(adapter, base, tmp, products, whole, seed=args.seed)
     except ValueError as error:
         shutil.rmtree(tmp, ignore_errors=True)
         die(str(error))
@@ -212,11 +233,11 @@ def merge(args: MergeArguments) -> int:
         return 1
     (tmp / "merge_report.json").write_text(json.dumps(report, indent=1) + "\n")
     try:
-        models.publish(tmp, output, "merge_2048")
-    except models.NotOurs as error:  # a folder put there since the start: left as it is
+        saving.publish(tmp, output, "merge_2048")
+    except saving.NotOurs as error:  # a folder put there since the start: left as it is
         shutil.rmtree(tmp, ignore_errors=True)
         die(f"--output_dir {error}")
-    holds = report["kept"] is None or (report["kept"] >= models.MERGED_KEPT and not quantized)
+    holds = report["kept"] is None or (report["kept"] >= merging.MERGED_KEPT and not quantized)
     log.log(logging.INFO if holds else logging.WARNING, summary(report, output))
     return 0
 

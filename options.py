@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import demo_data
+import merging
 import models
 import rewards
 import run_folder
@@ -497,7 +499,7 @@ def choose_backend(early: argparse.Namespace) -> tuple[str, bool]:
     if backend == "auto":
         one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1  # Unsloth trains on one GPU
         has_unsloth = importlib.util.find_spec("unsloth") is not None
-        backend = "unsloth" if cuda and one_process and has_unsloth and model_name != models.TINY else "transformers"
+        backend = "unsloth" if cuda and one_process and has_unsloth and model_name != demo_data.TINY else "transformers"
     if early.help:
         return backend, cuda
     if not cuda and (REAL_GPT_OSS.search(model_name) or truthy(early.load_in_4bit)):
@@ -586,7 +588,7 @@ def check_options(script_args, training_args, model_args, given: set[str]) -> No
     if not str(training_args.output_dir or "").strip():
         raise OptionError(f"--output_dir {training_args.output_dir!r}: must name a folder (outputs/my-run, say)")
     if not model_args.model_name_or_path:
-        raise OptionError(f"--model_name_or_path is required ({models.TINY}: the CPU demo's model)")
+        raise OptionError(f"--model_name_or_path is required ({demo_data.TINY}: the CPU demo's model)")
     if not 0 <= script_args.overlong_penalty < training_args.max_completion_length:
         raise OptionError(f"--overlong_penalty {script_args.overlong_penalty}: must be >= 0 and below "
                                   f"--max_completion_length ({training_args.max_completion_length})")  # fmt: skip
@@ -629,9 +631,9 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
             "router loss; set it to 0 (the GPT-OSS presets do)"
         )
     looks_local = model_name.startswith((".", "/", "~")) or model_name.count("/") > 1  # a hub id is org/name
-    if model_name != models.TINY and looks_local and not Path(model_name).expanduser().exists():
+    if model_name != demo_data.TINY and looks_local and not Path(model_name).expanduser().exists():
         raise OptionError(f"model path {model_name} does not exist")
-    problem = models.not_a_model(model_name) if model_name != models.TINY else None
+    problem = models.not_a_model(model_name) if model_name != demo_data.TINY else None
     if problem:
         raise OptionError(f"model path {model_name}: {problem}")
     if not run_folder.writable(output_dir):
@@ -650,7 +652,7 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
 
 
 def check_merge_source(script_args, model_args, output_dir: Path) -> str | None:
-    """The 16-bit weights merged_16bit merges the LoRA into after training (models.merge_base: the model itself, or the
+    """The 16-bit weights merged_16bit merges the LoRA into after training (merging.merge_base: the model itself, or the
     16-bit original of a 4-bit or MXFP4 checkpoint), asked now, so that a merge that cannot work stops the run before
     it starts."""
     if script_args.save_method != "merged_16bit":
@@ -658,10 +660,10 @@ def check_merge_source(script_args, model_args, output_dir: Path) -> str | None:
     if not model_args.use_peft:
         raise OptionError("--save_method merged_16bit merges LoRA adapters into their base: with --use_peft false final/ holds the "
             "whole trained model already")  # fmt: skip
-    if model_args.model_name_or_path == models.TINY:
+    if model_args.model_name_or_path == demo_data.TINY:
         return str((output_dir / "tiny-model").resolve())  # built before training (absolute: the merge runs anywhere)
     try:
-        return models.merge_base(model_args.model_name_or_path)
+        return merging.merge_base(model_args.model_name_or_path)
     except ValueError as error:
         raise OptionError(f"--save_method merged_16bit: {error}, so the merge would fail after training; save lora, then merge "
             "final/ with python merge_2048.py --adapter <output_dir>/final --base <the 16-bit checkpoint>") from None  # fmt: skip

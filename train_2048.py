@@ -35,6 +35,7 @@ import options
 import rewards
 import run_folder
 import sandbox
+import saving
 
 HELD: list[int] = []  # the output folder's lock, held while the run lives (run_folder.take)
 log = logging.getLogger("train_2048")
@@ -80,8 +81,7 @@ def prepare_cuda() -> None:
 
 
 class NoFollowFileHandler(logging.FileHandler):
-    """logging's file handler (merge_2048.py appends to the same file: models.merge_in_fresh_process finds it by
-    its baseFilename), opening the file without following a symbolic link (user_files.open_append)."""
+    """logging's file handler, opening training.log without following a symbolic link (user_files.open_append)."""
 
     def _open(self):
         import user_files
@@ -119,9 +119,9 @@ def start_logging(output_dir: Path, state) -> None:
 def load_policy(script_args, training_args, model_args, backend: str, prompt: str, state, output_dir: Path):
     """(model, tokenizer) to train; the CPU demo's tiny model is built first, once, by the main process."""
     model_name = model_args.model_name_or_path
-    if model_name == models.TINY:
+    if model_name == demo_data.TINY:
         with state.main_process_first():
-            built = models.build_tiny_model(output_dir / "tiny-model", demo_data.corpus(prompt), training_args.seed)
+            built = demo_data.build_tiny_model(output_dir / "tiny-model", demo_data.corpus(prompt), training_args.seed)
         model_name = str(built)
     model, tokenizer = models.load_model(
         model_name,
@@ -151,7 +151,7 @@ def load_policy(script_args, training_args, model_args, backend: str, prompt: st
 def check_budget(tokenizer, settings, script_args, training_args, model_name: str, backend: str, reasoning: str) -> None:
     """One warning line when the token budget cannot hold what the reward pays for: a completion cut off before its
     code block closes holds no code, so a budget below a board-reading answer leaves only board-blind ones to learn."""
-    if model_name == models.TINY:
+    if model_name == demo_data.TINY:
         return  # the demo's budget is set by its own example answers (tests/test_train.py checks they fit)
     analysis, answer = rewards.completion_need(tokenizer)
     prompt = rewards.prompt_tokens(tokenizer, settings, reasoning)
@@ -302,8 +302,9 @@ def announce(plan, state) -> None:
 
 
 def load_or_leave(plan, prompt: str, state, created: bool):
-    """(model, tokenizer), with the checks that need them; a model that does not load leaves the folder as it was
-    (the run's own files removed) and ends the run with one line."""
+    """(model, tokenizer), with the checks that need them; a model that does not load, or LoRA options it cannot take
+    (models.LoraRefused, which names them), leaves the folder as it was (the run's own files removed) and ends the run
+    with one line."""
     try:
         model, tokenizer = load_policy(plan.script_args, plan.training_args, plan.model_args, plan.backend, prompt,
                                        state, plan.output_dir)  # fmt: skip
@@ -313,6 +314,8 @@ def load_or_leave(plan, prompt: str, state, created: bool):
     except Exception as exc:  # not on the hub, no network, damaged or foreign files: all the user's to fix
         log.debug("the model did not load", exc_info=True)  # the traceback, in training.log
         leave_as_found(plan, state, created)
+        if isinstance(exc, models.LoraRefused):
+            die(str(exc))
         die(f"cannot load model {plan.model_args.model_name_or_path}: {one_line(exc, 300)}")
     if plan.checkpoint is not None:
         compare_adapters(model, plan.checkpoint)
@@ -340,7 +343,7 @@ def save(trainer, tokenizer, settings, plan) -> int:
     import evaluation
 
     steps = trainer.state.global_step
-    ok = models.save_and_verify(
+    ok = saving.save_and_verify(
         trainer, tokenizer, save_method=plan.script_args.save_method, verify=plan.script_args.verify_save,
         use_peft=plan.model_args.use_peft, backend=plan.backend, seed=plan.training_args.seed,
         output_dir=plan.output_dir, merge_base=plan.merge_source,

@@ -130,7 +130,7 @@ class GameGRPOTrainer(GRPOTrainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         # A checkpoint's save starts here, and transformers writes trainer_state.json, which marks it complete, last:
         # the archive and the base's record written now are in every checkpoint that --resume auto takes; final/ is
-        # saved through here too (models.save_and_verify), so every adapter folder of a run names its base.
+        # saved through here too (saving.save_and_verify), so every adapter folder of a run names its base.
         super().save_model(output_dir, _internal_call)
         if self.base_identity is not None and output_dir and self.args.should_save:
             models.write_base_identity(Path(output_dir), self.base_identity)  # which base these adapters belong to

@@ -86,7 +86,7 @@ def gpt_oss_config(geometry: str, layers: int | None, vocab_size: int):
 
 def build_tokenizer(kind: str, folder: str | None):
     """(tokenizer, the kind it is): GPT-OSS's own when it can be had offline, else the CPU demo's 600-token one."""
-    import models
+    import demo_data
     import rewards
 
     if kind == "gpt-oss":
@@ -96,7 +96,7 @@ def build_tokenizer(kind: str, folder: str | None):
             return gpt_oss_tokenizer.load(folder), "gpt-oss"
         except ImportError as error:  # building it needs bpe-openai and openai-harmony (requirements-cpu.txt)
             print(f"gpu_check: no GPT-OSS tokenizer here ({error}; --tokenizer_dir takes a saved one): the demo's")
-    return models.build_tokenizer([rewards.build_prompt(rewards.RewardSettings())]), "demo"
+    return demo_data.build_tokenizer([rewards.build_prompt(rewards.RewardSettings())]), "demo"
 
 
 def build_model(path: Path, geometry: str, layers: int | None, device: str, tokenizer) -> Path:

@@ -60,10 +60,10 @@ def tiny_gpt_oss(seed: int):
     import torch
     from transformers import GptOssConfig, GptOssForCausalLM
 
-    import models
+    import demo_data
     import rewards
 
-    tokenizer = models.build_tokenizer([rewards.build_prompt(rewards.RewardSettings())])
+    tokenizer = demo_data.build_tokenizer([rewards.build_prompt(rewards.RewardSettings())])
     config = GptOssConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
@@ -81,21 +81,22 @@ def gap(seed: int) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
+    import merging
     import models
 
     bf16, tokenizer = tiny_gpt_oss(seed)
     nf4 = copy.deepcopy(bf16)
     weight_error = quantize_like_unsloth(nf4)
     reference = copy.deepcopy(bf16).float().eval()
-    inputs = models.evaluation_prompt(tokenizer)
+    inputs = merging.evaluation_prompt(tokenizer)
     start = inputs["input_ids"].shape[1]
-    sequences = [inputs["input_ids"][0].tolist() + c for c in models._samples(reference, tokenizer, inputs, seed, size=2)]
-    base = models._logprobs(reference, sequences, start)
+    sequences = [inputs["input_ids"][0].tolist() + c for c in models.seeded_samples(reference, tokenizer, inputs, seed, size=2)]
+    base = merging._logprobs(reference, sequences, start)
     figures = {"seed": seed, "weight_error": weight_error, "positions": sum(len(s) - start for s in sequences)}
 
     def compare(model, label):
-        got = models._logprobs(model.float().eval(), sequences, start)
-        figures[f"{label}_kl"] = models.mean_kl(base, got)
+        got = merging._logprobs(model.float().eval(), sequences, start)
+        figures[f"{label}_kl"] = merging.mean_kl(base, got)
         same = sum(int((p.argmax(-1) == q.argmax(-1)).sum()) for p, q in zip(base, got))
         figures[f"{label}_top1"] = same / figures["positions"]
 

@@ -59,14 +59,14 @@ def command(name: str, tmp_path: Path) -> tuple[list[str], str]:
         from peft import LoraConfig, get_peft_model
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        import models
+        import demo_data
 
         config = LlamaConfig(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                              num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
         model = LlamaForCausalLM(config)
         model.save_pretrained(tmp_path / "base")
         get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(tmp_path / "adapter")
-        models.build_tokenizer(["a b c"]).save_pretrained(tmp_path / "adapter")
+        demo_data.build_tokenizer(["a b c"]).save_pretrained(tmp_path / "adapter")
         (tmp_path / "base" / "config.json").write_text("{}")
         return ["merge_2048.py", "--adapter", str(tmp_path / "adapter"), "--base", str(tmp_path / "base")], "merge_2048: "
     broken = tmp_path / "broken-model"

@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
+import demo_data
 import merge_2048
+import merging
 import models
 import options
 import rewards
 import run_folder
+import saving
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
@@ -42,7 +45,7 @@ def tiny(tmp_path_factory) -> Path:
     from transformers import GptOssConfig, GptOssForCausalLM
 
     root = tmp_path_factory.mktemp("merge")
-    tokenizer = models.build_tokenizer([rewards.build_prompt(rewards.RewardSettings())])
+    tokenizer = demo_data.build_tokenizer([rewards.build_prompt(rewards.RewardSettings())])
     config = GptOssConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
@@ -90,7 +93,7 @@ def test_a_real_size_merge_is_correct_says_what_16_bits_keep_and_is_never_overwr
     assert len(said) == 1 and f"verified {out}: a correct merge" in said[0] and "16-bit keeps 0." in said[0]
     report = json.loads((out / "merge_report.json").read_text())
     assert report["wrong"] == [] and report["dtype"] == "bfloat16" and report["adapted_tensors"] == 12
-    assert 0.5 < report["kept"] < models.MERGED_KEPT and 0 < report["rounded_away"] < report["changed_weights"]
+    assert 0.5 < report["kept"] < merging.MERGED_KEPT and 0 < report["rounded_away"] < report["changed_weights"]
     assert report["distributions"] == "compared in float32 arithmetic, on the CPU" and report["kept_effect"] is not None
     assert "serve them on the base" in report["advice"] and report["base"] == str(tiny / "base")
     assert sorted(p.name for p in tiny.iterdir()) == ["base", "final", "final-merged_16bit", "other-seed"]  # nothing else
@@ -207,6 +210,25 @@ def test_a_hub_base_that_cannot_be_reached_is_one_line(tiny, tmp_path, monkeypat
     one_line_error(capsys, stop, "nobody/no-such-model cannot be reached on the Hugging Face hub")
 
 
+# Mistakes argparse finds, each our one line (never argparse's usage block), with nothing read or written.
+MISTYPED = {
+    "no argument": ([], ["--adapter is required", "--help"]),
+    "unknown option": (["--nosuch", "1"], ["unknown option --nosuch", "--help"]),
+    "abbreviated": (["--adapte", "x"], ["unknown option --adapte", "did you mean --adapter?"]),
+    "bad value": (["--adapter", "x", "--seed", "x"], ["--seed", "invalid int value: 'x'"]),
+    "no value": (["--adapter"], ["--adapter", "expected one argument"]),
+    "stray value": (["--adapter", "x", "y"], ["unexpected value 'y'"]),
+}
+
+
+@pytest.mark.parametrize("case", MISTYPED)
+def test_a_mistyped_command_line_is_one_line_and_exit_2(case, capsys):
+    args, words = MISTYPED[case]
+    with pytest.raises(SystemExit) as stop:
+        merge(*args)
+    one_line_error(capsys, stop, *words)
+
+
 def test_help_lists_the_options(capsys):
     """As a process, a bad input is one line on stderr after PEFT's imports: tests/test_library_noise.py runs it."""
     with pytest.raises(SystemExit) as stop:
@@ -247,7 +269,7 @@ def test_a_users_tmp_and_old_folders_beside_the_output_are_never_touched(tiny, t
     assert merge("--adapter", tiny / "final", "--output_dir", tmp_path / "merged", "--overwrite_output_dir") == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged", "merged.old", "merged.tmp"]
     assert all((tmp_path / n / "keep.txt").read_text() == n for n in ("merged.tmp", "merged.old"))
-    assert models.written_by(tmp_path / "merged") == "merge_2048"
+    assert saving.written_by(tmp_path / "merged") == "merge_2048"
 
 
 def test_a_base_built_with_another_seed_is_refused_naming_both(tiny, tmp_path, capsys):
@@ -305,7 +327,7 @@ def test_a_merge_missing_a_tensor_or_holding_nan_is_wrong_without_the_float32_st
                                                                                    capsys):  # fmt: skip
     """With no room for the float32 comparison (a 20B model on a small host), the weights' judge alone fails a merged
     checkpoint that lacks a tensor no adapter touches, or holds a NaN: exit 1, one ERROR line, nothing published."""
-    monkeypatch.setattr(models, "_float32_room", lambda base: None)
+    monkeypatch.setattr(merging, "_float32_room", lambda base: None)
     break_save(monkeypatch, hole)
     assert merge("--adapter", tiny / "final", "--output_dir", tmp_path / "merged") == 1
     (line,) = [line for line in capsys.readouterr().out.splitlines() if "the merge is wrong" in line]
@@ -395,18 +417,18 @@ def test_memory_room_counts_the_cgroup_limit(tmp_path):
     """A container's cgroup limit, not the host's MemAvailable, bounds what the float32 comparison may take."""
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "meminfo").write_text("MemTotal: 100000000 kB\nMemAvailable: 90000000 kB\n")
-    assert models.memory_available(tmp_path) == 90000000 * 1024
+    assert merging.memory_available(tmp_path) == 90000000 * 1024
     v2 = tmp_path / "sys" / "fs" / "cgroup"
     v2.mkdir(parents=True)
     (v2 / "memory.max").write_text("8000000000\n")
     (v2 / "memory.current").write_text("3000000000\n")
-    assert models.memory_available(tmp_path) == 5_000_000_000
+    assert merging.memory_available(tmp_path) == 5_000_000_000
     (v2 / "memory.max").write_text("max\n")
-    assert models.memory_available(tmp_path) == 90000000 * 1024
+    assert merging.memory_available(tmp_path) == 90000000 * 1024
     (v2 / "memory").mkdir()
     (v2 / "memory" / "memory.limit_in_bytes").write_text("4000000000\n")
     (v2 / "memory" / "memory.usage_in_bytes").write_text("1000000000\n")
-    assert models.memory_available(tmp_path) == 3_000_000_000
+    assert merging.memory_available(tmp_path) == 3_000_000_000
 
 
 def test_an_adapter_header_that_lies_about_its_tensors_is_refused(tmp_path):
@@ -497,7 +519,7 @@ def test_a_merge_that_cannot_run_after_training_is_one_error_line(tiny, tmp_path
     """The base gone between the startup check and the end of training: one ERROR line that says how to merge
     later, and False (train_2048 exits 1); final/ is untouched."""
     with caplog.at_level(logging.ERROR, logger="train_2048"):
-        assert not models.merge_in_fresh_process(tiny / "final", str(tmp_path / "gone"), tmp_path / "final-merged_16bit")
+        assert not saving.merge_in_fresh_process(tiny / "final", str(tmp_path / "gone"), tmp_path / "final-merged_16bit")
     (line,) = caplog.messages
     assert "the merge failed" in line and "is not a model folder" in line and "python merge_2048.py" in line
     assert not (tmp_path / "final-merged_16bit").exists()

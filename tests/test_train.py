@@ -10,11 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
+import demo_data
 import evaluation
 import models
 import options
 import rewards
 import run_folder
+import saving
 import train_2048
 import trainer
 
@@ -179,17 +181,17 @@ def test_publish_replaces_a_folder_whole_and_only_its_own(tmp_path):
     nothing beside it; a user's folder of the same name is refused, untouched."""
     target = tmp_path / "final"
     for content in ("1", "2"):
-        tmp = models.fresh(target)
+        tmp = saving.fresh(target)
         (tmp / "new").write_text(content)
-        models.publish(tmp, target, "train_2048")
+        saving.publish(tmp, target, "train_2048")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
-    assert sorted(p.name for p in target.iterdir()) == [models.MARK, "new"] and (target / "new").read_text() == "2"
+    assert sorted(p.name for p in target.iterdir()) == [saving.MARK, "new"] and (target / "new").read_text() == "2"
     users = tmp_path / "users"
     users.mkdir()
     (users / "keep").write_text("mine")
-    tmp = models.fresh(users)
-    with pytest.raises(models.NotOurs):
-        models.publish(tmp, users, "train_2048")
+    tmp = saving.fresh(users)
+    with pytest.raises(saving.NotOurs):
+        saving.publish(tmp, users, "train_2048")
     assert [p.name for p in users.iterdir()] == ["keep"]
 
 
@@ -223,7 +225,7 @@ def test_tiny_model_round_trips_code_and_takes_reasoning_effort(tmp_path):
 
     script, grpo, _, settings = parse("--config", DEMO)
     corpus = train_2048.demo_data.corpus(rewards.build_prompt(settings))  # as train_2048 builds it
-    path = models.build_tiny_model(tmp_path / "tiny-model", corpus, seed=0)
+    path = demo_data.build_tiny_model(tmp_path / "tiny-model", corpus, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(path)
     for _, _, text in train_2048.demo_data.EXAMPLES:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -231,7 +233,7 @@ def test_tiny_model_round_trips_code_and_takes_reasoning_effort(tmp_path):
     chat = [{"role": "user", "content": "hi"}]
     rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, reasoning_effort="low")
     assert rendered == "<|user|>hi<|end|><|assistant|>"
-    assert models.build_tiny_model(path, ["other"], seed=1) == path  # built once per output dir
+    assert demo_data.build_tiny_model(path, ["other"], seed=1) == path  # built once per output dir
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +241,7 @@ def tiny(tmp_path_factory):
     """The CPU demo's tiny model, on disk, and its training settings."""
     *_, settings = parse("--config", DEMO)
     corpus = [rewards.build_prompt(settings)] + [text for _, _, text in train_2048.demo_data.EXAMPLES]
-    return models.build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-model", corpus, seed=0), settings
+    return demo_data.build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-model", corpus, seed=0), settings
 
 
 def test_evaluation_is_repeatable_and_leaves_training_undisturbed(tiny):
@@ -283,7 +285,7 @@ def tiny_gpt_oss(path: Path) -> Path:
     model = GptOssForCausalLM(config)
     model.generation_config.max_length = 4096  # as a hub checkpoint's generation_config.json may carry
     model.save_pretrained(path)
-    models.build_tokenizer(["a b c"], vocab_size=300).save_pretrained(path)
+    demo_data.build_tokenizer(["a b c"], vocab_size=300).save_pretrained(path)
     return path
 
 
@@ -334,7 +336,7 @@ def test_verify_adapter_passes_a_true_save_and_fails_a_tampered_one(tmp_path):
 
     model, tokenizer, inputs = trained_peft(tmp_path)
     model.save_pretrained(tmp_path / "final")
-    assert models.verify_adapter(model, tokenizer, tmp_path / "final", inputs, seed=0)
+    assert saving.verify_adapter(model, tokenizer, tmp_path / "final", inputs, seed=0)
     assert list(model.peft_config) == ["default"]  # the second adapter is gone again
     saved = load_file(str(tmp_path / "final" / "adapter_model.safetensors"))
     experts = [k for k in saved if "experts" in k]
@@ -342,10 +344,10 @@ def test_verify_adapter_passes_a_true_save_and_fails_a_tampered_one(tmp_path):
     save_file(
         {k: v for k, v in saved.items() if k not in experts}, str(tmp_path / "final" / "adapter_model.safetensors")
     )
-    assert not models.verify_adapter(model, tokenizer, tmp_path / "final", inputs, seed=0)  # unsloth-zoo #885's bug
+    assert not saving.verify_adapter(model, tokenizer, tmp_path / "final", inputs, seed=0)  # unsloth-zoo #885's bug
     changed = {k: v + 1e-3 if k == experts[0] else v for k, v in saved.items()}
     save_file(changed, str(tmp_path / "final" / "adapter_model.safetensors"))
-    assert not models.verify_adapter(model, tokenizer, tmp_path / "final", inputs, seed=0)
+    assert not saving.verify_adapter(model, tokenizer, tmp_path / "final", inputs, seed=0)
 
 
 # --- setup errors: one line on stderr, exit 2, no traceback, nothing written ---------------------------------

@@ -7,8 +7,8 @@ UNSLOTH_ALLOW_CPU=1, under which it also skips its rewrite of TRL's trainers: `r
 `import unsloth` does, so the UnslothGRPOTrainer and UnslothGRPOConfig that train_2048.py subclasses and parses are the
 generated ones, for the installed TRL.
 
-Every test loads through models._load_unsloth as train_2048 does: Unsloth's FastLanguageModel.from_pretrained and
-get_peft_model themselves. The default preset loads `<tiny>-split-4bit`, a tiny GPT-OSS in Unsloth's pre-quantized split
+Every test loads through models._load_unsloth and models.attach_lora as train_2048 does: Unsloth's
+FastLanguageModel.from_pretrained and get_peft_model themselves. The default preset loads `<tiny>-split-4bit`, a tiny GPT-OSS in Unsloth's pre-quantized split
 layout (NF4 Linear4bit per expert and in attention), built on the CPU by bench/gpu_check.py's own code; the BF16
 preset loads the fused `<tiny>`; offload_embedding is what each preset sets.
 
@@ -105,6 +105,7 @@ def rewrite_trl() -> None:
 stand_in_for_a_gpu()
 rewrite_trl()
 
+import demo_data  # noqa: E402
 import models  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -126,7 +127,7 @@ def tiny_gpt_oss(folder: Path, layers: int = 2) -> Path:
 
     if (split_4bit(folder) / "config.json").exists():
         return folder
-    tokenizer = models.build_tokenizer([rewards.build_prompt(rewards.RewardSettings())])
+    tokenizer = demo_data.build_tokenizer([rewards.build_prompt(rewards.RewardSettings())])
     config = GptOssConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,

@@ -22,6 +22,7 @@ from conftest import REPO, TARGETS, gpu_check, load_with_unsloth, split_4bit, sp
 from merge_faults import FAULTS, NAMED, break_merge
 
 import generation
+import merging
 import models
 import options
 import sandbox
@@ -469,7 +470,7 @@ def test_a_real_runs_adapters_merge_correctly_and_the_report_says_what_16_bits_k
     report = json.loads((out / "merge_report.json").read_text())
     print(f"{layout}, {size}: {json.dumps({k: report[k] for k in KEPT_FIGURES})}")  # docs/PERF.md's figures (-s)
     assert report["wrong"] == [] and report["adapted_tensors"] == 12 and "16-bit keeps" in line  # 2 x (4 + 2)
-    holds = report["kept"] >= models.MERGED_KEPT
+    holds = report["kept"] >= merging.MERGED_KEPT
     assert holds is (size == "10%") and ("serve them on the base" in report["advice"]) is not holds
     assert report["distributions"] == "compared in float32 arithmetic, on the CPU"
     if size == "10%":
@@ -495,7 +496,7 @@ def test_a_wrong_merge_exits_1_at_every_size(tiny, real_sizes, layout, size, fau
 def test_a_checkpoint_in_unsloths_split_layout_is_not_a_merge_of_the_fused_original(tiny):
     """Tensors that transformers' GPT-OSS does not have (Unsloth's split experts) are wrong, and the fused ones they
     replace are missing: the weights' check says so, tensor by tensor, whatever wrote them."""
-    judged = models.judge_weights(split_16bit(tiny), tiny, {}, {}, set())
+    judged = merging.judge_weights(split_16bit(tiny), tiny, {}, {}, set())
     assert any("gate_up_projs.0.weight is not in the base" in why for why in judged["wrong"])
     assert judged["tensors"] < len(models.tensor_files(tiny))
 
