@@ -58,7 +58,7 @@ def file_source(path: str, what: str = "strategy file") -> Source:
     try:
         text = user_files.read_text(path, user_files.STRATEGY_BYTES, what)
     except user_files.FileRefused as exc:
-        why = str(exc).removeprefix(f"{what} {path}: ")
+        why = str(exc).removeprefix(f"{what} {path}: ").removeprefix(f"cannot read {what} {path}: ")
         raise user_files.FileRefused(f"{what} {path}: cannot read it: {why}") from None
     code = file_code(text)
     return Source(path, "file", [Sample(code, rewards.analyse_code(code))])
