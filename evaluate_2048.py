@@ -25,6 +25,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import os
 import random
 import secrets
@@ -106,6 +107,16 @@ class EvalArguments:
     )  # fmt: skip
 
 
+# The range of each number of EvalArguments (a float must also be finite), checked under the option's own name.
+RANGES = {
+    "samples": ((lambda v: v >= 1), "at least 1"),
+    "max_new_tokens": ((lambda v: v >= 1), "at least 1"),
+    "batch_size": ((lambda v: v >= 1), "at least 1"),
+    "temperature": ((lambda v: v >= 0), "a finite number at least 0 (0 = greedy decoding)"),
+    "speed": ((lambda v: v >= 0), "a finite number at least 0 (0 = as fast as possible)"),
+    "seed": ((lambda v: 0 <= v < 2**63), "between 0 and 2^63 - 1 (the range of a drawn start)"),
+}
+
 # What --config takes from a training preset: the game the model learned to play and how it answered (its token budget,
 # its reasoning effort), each under the preset's key. Its other keys are the training run's own (its output folder,
 # games per answer, time limits, ...) and are not read: an evaluation writes to its own --output_dir and plays --games
@@ -135,6 +146,9 @@ def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSet
     try:
         path, rest = options.split_config(list(sys.argv[1:] if argv is None else argv))
         config = options.read_config(path or str(DEFAULT_PRESET))
+        if path is not None:  # a train_2048 preset, checked as train_2048 checks it (an accelerate config is not one)
+            options.preset_env(config, f"--config {path}")  # (an evaluation sets none of its env:)
+            options.refuse_unknown_keys(config, options.train_parser(), f"--config {path}: not a train_2048 preset")
         chat = config.get("chat_template_kwargs")
         if isinstance(chat, dict) and "reasoning_effort" in chat:
             config["chat_template_kwargs.reasoning_effort"] = chat["reasoning_effort"]
@@ -149,11 +163,10 @@ def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSet
         from trl import GRPOConfig
 
         args.max_new_tokens = GRPOConfig.__dataclass_fields__["max_completion_length"].default
-    for name in ("samples", "max_new_tokens", "batch_size"):
-        if getattr(args, name) < 1:
-            die(f"--{name} must be >= 1")
-    if args.temperature < 0 or args.speed < 0:
-        die("--temperature and --speed must be >= 0")
+    for name, (accepts, said) in RANGES.items():  # each mistake names its own option (NaN fails every test)
+        value = getattr(args, name)
+        if value is not None and ((isinstance(value, float) and not math.isfinite(value)) or not accepts(value)):
+            die(f"--{name} {f'{value:g}' if isinstance(value, float) else value}: must be {said}")
     if args.adapter is not None and not (Path(args.adapter) / "adapter_config.json").is_file():
         die(f"--adapter {args.adapter}: no adapter_config.json there (not a LoRA adapter directory)")
     if args.model is not None:

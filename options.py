@@ -514,9 +514,8 @@ def choose_backend(early: argparse.Namespace) -> tuple[str, bool]:
     return backend, cuda
 
 
-def parse_args(argv: list[str], description: str | None = None):
-    """(script_args, reward settings, training_args, model_args): every option read and checked, the preset's values
-    as its flags are, before anything is written or loaded. A mistake is one line and exit status 2."""
+def train_parser(description: str | None = None):
+    """train_2048.py's parser: every option a preset's key or a flag may name (evaluate_2048 checks presets with it)."""
     from transformers import HfArgumentParser
     from trl import GRPOConfig, ModelConfig
 
@@ -531,13 +530,26 @@ def parse_args(argv: list[str], description: str | None = None):
     )
     parser.add_argument("--config", default=str(DEFAULT_CONFIG.relative_to(HERE)), metavar="FILE.yaml",
                         help="The preset: its keys are options, as flags are; flags after it win.")  # fmt: skip
-    path, config, rest, env = config_and_flags(argv)
+    return parser
+
+
+def refuse_unknown_keys(config: dict, parser, source: str) -> None:
+    """An OptionError for the first key of a preset (its `env:` already taken out: preset_env) that names no option of
+    train_2048's `parser` (another tool's YAML, an accelerate config, a typo), with the closest option's name."""
     known = long_flags(parser)
     for key in config:
         if str(key).replace("-", "_") not in known:
             close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.75)
-            raise OptionError(f"{path}: unknown key {key}" + (f" (did you mean {close[0]}?)" if close else
+            raise OptionError(f"{source}: unknown key {key}" + (f" (did you mean {close[0]}?)" if close else
                               " (train_2048.py --help lists every option)"))  # fmt: skip
+
+
+def parse_args(argv: list[str], description: str | None = None):
+    """(script_args, reward settings, training_args, model_args): every option read and checked, the preset's values
+    as its flags are, before anything is written or loaded. A mistake is one line and exit status 2."""
+    parser = train_parser(description)
+    path, config, rest, env = config_and_flags(argv)
+    refuse_unknown_keys(config, parser, path)
     namespace, given = parse(parser, config, rest, path)
     problem = out_of_range(namespace) or group_problem(namespace)
     if problem:

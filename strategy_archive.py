@@ -27,7 +27,12 @@ ours.
 Wiring (train_2048.py): `watch(judge)` wraps the rewards' judge, so every batch's verdicts pass through `record`; as a
 TrainerCallback the archive closes each step (every process's records merged on the main one, candidates re-scored),
 reports at each log (TensorBoard archive/*, a text panel, a console line when the best changes) and writes the files
-at each save and at the end; trainer.py's save_model puts its state into each checkpoint.
+at each save and at the end (write_files); trainer.py's save_model puts its state into each checkpoint (save_state)
+and make_archive continues a checkpoint's (load_state).
+
+The module reads top to bottom: a strategy's identity and record (Entry), the ranking's statistics, the archive
+(StrategyArchive: recording, re-scoring and ranking, reporting), then the files it writes (strategies/, one .py per
+strategy, index.json) and the checkpoint's state (strategy_archive.json), each a plain function of the archive.
 """
 
 from __future__ import annotations
@@ -118,6 +123,16 @@ class Entry:
     rescored_games: int = 0  # held-out games it played in re-scorings that ran out of time before its turn ended
     rescored_seconds: float = 0.0  # and what they took: its cost on held-out games, where training's misled
 
+    def add_training(self, games: list[PlayedGame]) -> None:
+        """Count one more time it was written, and the games it played for that answer's reward."""
+        self.times += 1
+        self.train_games += len(games)
+        self.train_reward += sum(g.reward for g in games)
+        self.train_points += sum(g.points for g in games)
+        self.train_wins += sum(g.won for g in games)
+        self.train_max_tile = max([self.train_max_tile, *(g.max_tile for g in games)])
+        self.train_seconds += sum(g.seconds for g in games)
+
     @property
     def train_mean(self) -> float:
         return self.train_reward / self.train_games if self.train_games else -math.inf
@@ -171,6 +186,27 @@ def told_apart(a: Entry, b: Entry) -> bool:
         return False
     spread = statistics.stdev(gaps)
     return spread == 0 or abs(statistics.fmean(gaps)) > CONFIDENCE * spread / math.sqrt(n)
+
+
+def rescored(entry: Entry, wanted: int, games: list, settings) -> None:
+    """What a re-scoring's games (the sandbox's GameResults, `wanted` of them asked for) make of a strategy: cheating,
+    ranked on them with its earlier held-out games, too slow, or waiting for its turn with its cost now known."""
+    took = sum(g.seconds for g in games)
+    if any(g.status == "violation" for g in games):
+        mark_cheating(entry)
+    elif len(games) == wanted:
+        rows = [game_row(g, settings) for g in games]
+        entry.status, entry.held_out = "ranked", held_out_stats(rows, entry.held_out)
+    elif any(g.status == "timeout" for g in games) or took >= settings.answer_time_limit:
+        entry.status, entry.held_out = "too_slow", None  # its own games stopped it, as for an answer's reward
+    else:  # the call ran out of time first: it waits, its cost now counted from these games
+        entry.rescored_games += len(games)
+        entry.rescored_seconds += took
+
+
+def mark_cheating(entry: Entry) -> None:
+    """Seen cheating (at run time): never ranked, and its code is kept nowhere."""
+    entry.status, entry.code, entry.held_out = "cheats", None, None
 
 
 class StrategyArchive(TrainerCallback):
@@ -249,13 +285,7 @@ class StrategyArchive(TrainerCallback):
                 mark_cheating(entry)
                 continue
             this_step.add(key)
-            entry.times += 1
-            entry.train_games += len(games)
-            entry.train_reward += sum(g.reward for g in games)
-            entry.train_points += sum(g.points for g in games)
-            entry.train_wins += sum(g.won for g in games)
-            entry.train_max_tile = max([entry.train_max_tile, *(g.max_tile for g in games)])
-            entry.train_seconds += sum(g.seconds for g in games)
+            entry.add_training(games)
         self.distinct_last_step = len(this_step)
 
     # --- the end of a step: merge, then re-score within the budget ---------------------------------------------
@@ -359,18 +389,7 @@ class StrategyArchive(TrainerCallback):
         self.credit -= spent
         self.spent_seconds += spent
         for entry, seeds in chosen if played is not None else []:
-            games = played[(entry.code, tuple(seeds))]
-            took = sum(g.seconds for g in games)
-            if any(g.status == "violation" for g in games):
-                mark_cheating(entry)
-            elif len(games) == len(seeds):
-                rows = [game_row(g, self.settings) for g in games]
-                entry.status, entry.held_out = "ranked", held_out_stats(rows, entry.held_out)
-            elif any(g.status == "timeout" for g in games) or took >= self.settings.answer_time_limit:
-                entry.status, entry.held_out = "too_slow", None  # its own games stopped it, as for an answer's reward
-            else:  # the call ran out of time first: it waits, its cost now counted from these games
-                entry.rescored_games += len(games)
-                entry.rescored_seconds += took
+            rescored(entry, len(seeds), played[(entry.code, tuple(seeds))], self.settings)
         return spent
 
     # --- reporting ----------------------------------------------------------------------------------------------
@@ -403,7 +422,7 @@ class StrategyArchive(TrainerCallback):
             for name, value in self.metrics().items():
                 self.writer.add_scalar(name, value, step)
             if top:
-                self.writer.add_text("archive", self.panel(top[:PANEL_ROWS]), step)
+                self.writer.add_text("archive", panel(top[:PANEL_ROWS]), step)
             self.writer.flush()
         if top and top[0].id != self.reported["best"]:
             self.reported["best"] = top[0].id
@@ -411,18 +430,7 @@ class StrategyArchive(TrainerCallback):
                 f"{sum(e.status != 'cheats' for e in self.entries.values())} distinct so far, "
                 f"{self.distinct_last_step} in this step")  # fmt: skip
 
-    def panel(self, top: list[Entry]) -> str:
-        """The text panel: the best strategies and their scores, then the best one's code (indented: it may hold
-        fences)."""
-        rows = ["| rank | id | first step | written | held-out reward | score | win | tile |", "|---" * 8 + "|"]
-        for rank, e in enumerate(top, 1):
-            h = e.held_out
-            rows.append(f"| {rank} | {e.id} | {e.first_step} | {e.times} | {h['reward']:.2f} | {h['score']:.0f} | "
-                        f"{h['win_rate']:.0%} | {h['max_tile']} |")  # fmt: skip
-        code = "\n".join("    " + line for line in top[0].code.splitlines())
-        return "\n".join(rows) + f"\n\nbest ({top[0].id}):\n\n{code}"
-
-    # --- files: strategies/ for the user, the state for the checkpoint -----------------------------------------
+    # --- files: written at each save and at the end (write_files, below) ---------------------------------------
 
     def on_save(self, args, state, control, **kwargs):
         self.write_files_or_say_why(state.global_step)
@@ -435,158 +443,174 @@ class StrategyArchive(TrainerCallback):
         the run: the checkpoint holds the archive, and the next save writes them again."""
         if self.main:
             try:
-                self.write_files(step)
+                write_files(self, step)
             except OSError as exc:
                 log.error(f"strategy archive: cannot write {self.output_dir / FOLDER}: {exc}")
 
-    def write_files(self, step: int) -> Path:
-        """<output_dir>/strategies/: the top N as NN-<id>.py, best.py and index.json, in a new folder swapped in by
-        one rename of a link, so a reader (or a crash) sees the previous copy whole or this one whole."""
-        top = self.ranked()[: self.size]
-        folder = Path(tempfile.mkdtemp(prefix=f".{FOLDER}-{step}-", dir=self.output_dir))
-        folder.chmod(0o755)  # as readable as the run's other outputs (mkdtemp makes it the owner's alone)
-        rows = []
-        for rank, entry in enumerate(top, 1):
-            name = f"{rank:02d}-{entry.id}.py"
-            (folder / name).write_text(self.strategy_file(entry, rank, step), encoding="utf-8")
-            rows.append({"rank": rank, "file": name, **self.entry_json(entry)})
-        if top:
-            shutil.copyfile(folder / rows[0]["file"], folder / "best.py")
-        index = {
-            "step": step,
-            "board": self.settings.rules() | {"profile": self.settings.profile},
-            "held_out_seeds": self.seeds,
-            "answers": self.answers,
-            "distinct": sum(e.status != "cheats" for e in self.entries.values()),
-            "ranked": sum(e.status == "ranked" for e in self.entries.values()),
-            "waiting": len(self.candidates()),
-            "too_slow": sum(e.status == "too_slow" for e in self.entries.values()),
-            "rescoring": {"budget_share": self.budget, "seconds": self.spent_seconds,
-                          "training_seconds": self.training_seconds},  # fmt: skip
-            "strategies": rows,
-        }
-        (folder / "index.json").write_text(json.dumps(index, indent=1) + "\n")
-        link = self.output_dir / FOLDER
-        keep = self.unknown_copy(link)
-        tmp_link = self.output_dir / f".{FOLDER}.link-{os.getpid()}"
+
+# --- files: <output_dir>/strategies/ for the user ------------------------------------------------------------
+
+
+def write_files(archive: StrategyArchive, step: int) -> Path:
+    """<output_dir>/strategies/: the top N as NN-<id>.py, best.py and index.json, in a new folder swapped in by
+    one rename of a link, so a reader (or a crash) sees the previous copy whole or this one whole."""
+    top = archive.ranked()[: archive.size]
+    folder = Path(tempfile.mkdtemp(prefix=f".{FOLDER}-{step}-", dir=archive.output_dir))
+    folder.chmod(0o755)  # as readable as the run's other outputs (mkdtemp makes it the owner's alone)
+    rows = []
+    for rank, entry in enumerate(top, 1):
+        name = f"{rank:02d}-{entry.id}.py"
+        (folder / name).write_text(strategy_file(entry, rank, step, archive.settings, archive.seeds), encoding="utf-8")
+        rows.append({"rank": rank, "file": name, **entry_json(entry)})
+    if top:
+        shutil.copyfile(folder / rows[0]["file"], folder / "best.py")
+    index = {
+        "step": step,
+        "board": archive.settings.rules() | {"profile": archive.settings.profile},
+        "held_out_seeds": archive.seeds,
+        "answers": archive.answers,
+        "distinct": sum(e.status != "cheats" for e in archive.entries.values()),
+        "ranked": sum(e.status == "ranked" for e in archive.entries.values()),
+        "waiting": len(archive.candidates()),
+        "too_slow": sum(e.status == "too_slow" for e in archive.entries.values()),
+        "rescoring": {"budget_share": archive.budget, "seconds": archive.spent_seconds,
+                      "training_seconds": archive.training_seconds},  # fmt: skip
+        "strategies": rows,
+    }
+    (folder / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+    link = archive.output_dir / FOLDER
+    keep = unknown_copy(link, archive.entries.keys())
+    tmp_link = archive.output_dir / f".{FOLDER}.link-{os.getpid()}"
+    tmp_link.unlink(missing_ok=True)
+    os.symlink(folder.name, tmp_link)
+    try:
+        os.replace(tmp_link, link)
+    except OSError as exc:  # `strategies` is a folder of the user's own: leave it alone
         tmp_link.unlink(missing_ok=True)
-        os.symlink(folder.name, tmp_link)
-        try:
-            os.replace(tmp_link, link)
-        except OSError as exc:  # `strategies` is a folder of the user's own: leave it alone
-            tmp_link.unlink(missing_ok=True)
-            log.warning(f"strategy archive: cannot replace {link} ({exc.strerror}); this copy is in {folder}")
-            return folder
-        for old in self.output_dir.glob(f".{FOLDER}-*"):  # earlier copies, and any a crash left
-            if old == keep:
-                kept = old.with_name(old.name.lstrip("."))
-                old.rename(kept)
-                log.warning(f"strategy archive: {link} showed strategies this archive does not know (it did not "
-                            f"continue the state that wrote them); that copy is kept as {kept}")  # fmt: skip
-            elif old != folder:
-                shutil.rmtree(old, ignore_errors=True)
+        log.warning(f"strategy archive: cannot replace {link} ({exc.strerror}); this copy is in {folder}")
         return folder
+    for old in archive.output_dir.glob(f".{FOLDER}-*"):  # earlier copies, and any a crash left
+        if old == keep:
+            kept = old.with_name(old.name.lstrip("."))
+            old.rename(kept)
+            log.warning(f"strategy archive: {link} showed strategies this archive does not know (it did not "
+                        f"continue the state that wrote them); that copy is kept as {kept}")  # fmt: skip
+        elif old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+    return folder
 
-    def unknown_copy(self, link: Path) -> Path | None:
-        """The copy `link` shows when it holds a strategy this archive does not know, or an index that cannot be read:
-        the files of a state this archive did not continue (a damaged checkpoint, or a save newer than the checkpoint
-        resumed), which a copy that holds less must not replace. None when there is none, or this archive knows it."""
-        if not link.is_symlink():
-            return None
-        target = link.parent / os.readlink(link)
-        try:
-            shown = json.loads((target / "index.json").read_text())["strategies"]
-            known = {row["id"] for row in shown} <= self.entries.keys()
-        except (OSError, ValueError, LookupError, TypeError, RecursionError):
-            known = False
-        return None if known or not target.is_dir() else target
 
-    def entry_json(self, entry: Entry) -> dict:
-        n = max(entry.train_games, 1)
-        train = {"games": entry.train_games, "reward": entry.train_reward / n, "score": entry.train_points / n,
-                 "win_rate": entry.train_wins / n, "max_tile": entry.train_max_tile}  # fmt: skip
-        held_out = entry.held_out and {k: v for k, v in entry.held_out.items() if k != "rewards"} | {
-            "lower_bound": entry.bound()}
-        return {"id": entry.id, "first_step": entry.first_step, "times_written": entry.times,
-                "held_out": held_out, "training": train}  # fmt: skip
+def unknown_copy(link: Path, known_ids) -> Path | None:
+    """The copy `link` shows when it holds a strategy the archive does not know (not in `known_ids`), or an index that
+    cannot be read: the files of a state this archive did not continue (a damaged checkpoint, or a save newer than the checkpoint
+    resumed), which a copy that holds less must not replace. None when there is none, or this archive knows it."""
+    if not link.is_symlink():
+        return None
+    target = link.parent / os.readlink(link)
+    try:
+        shown = json.loads((target / "index.json").read_text())["strategies"]
+        known = {row["id"] for row in shown} <= known_ids
+    except (OSError, ValueError, LookupError, TypeError, RecursionError):
+        known = False
+    return None if known or not target.is_dir() else target
 
-    def strategy_file(self, entry: Entry, rank: int, step: int) -> str:
-        """A ranked strategy as a file: our header (comments: numbers and our words only), then the model's code as
-        data (strategy_code) and what `python <this file>` does with it: hand it to evaluate_2048.py --watch."""
-        s, h = self.settings, entry.held_out
-        train = self.entry_json(entry)["training"]
-        command = ["python evaluate_2048.py --strategy <this file>", shlex.join(game_options(s)),
-                   f"--games {h['games']}", f"--seed {self.seeds[0]}"]  # fmt: skip
-        header = [
-            f"train_2048 strategy archive, rank {rank} at step {step}: a strategy the model wrote during training",
-            f"Untrusted code, kept as data: the string {evaluation.ARCHIVED_CODE} below, which this file never runs.",
-            "`python <this file>` plays a game of it in train_2048's sandbox (evaluate_2048.py --watch); to measure it:",
-            "  " + " ".join(part for part in command if part),
-            f"first written at step {entry.first_step}; written {times(entry.times)}",
-            f"held-out games: {h['games']} (seeds {self.seeds[0]}-{self.seeds[0] + h['games'] - 1}, {s.size}x{s.size} "
-            f"board to {s.target}): mean reward {h['reward']:.2f} (lower bound {entry.bound():.2f}), mean score "
-            f"{h['score']:.1f}, win rate {h['win_rate']:.0%}, largest tile {h['max_tile']}",
-            f"training games: {train['games']}: mean reward {train['reward']:.2f}, mean score {train['score']:.1f}, "
-            f"win rate {train['win_rate']:.0%}, largest tile {train['max_tile']}",
-            f"id {entry.id} (a digest of its syntax tree: formatting and comments do not count)",
-        ]
-        return "".join(comment(line) for line in header) + strategy_code(entry.code, game_options(s))
 
-    def state(self) -> dict:
-        return {
-            "format": STATE_FORMAT,
-            "board": self.settings.rules() | {"profile": self.settings.profile},
-            "seeds": self.seeds,
-            "credit": self.credit,
-            "training_seconds": self.training_seconds,
-            "steps": self.steps,
-            "answers": self.answers,
-            "spent_seconds": self.spent_seconds,
-            "reported": self.reported["best"],
-            "entries": [dataclasses.asdict(e) for e in self.entries.values()],
-        }
+def entry_json(entry: Entry) -> dict:
+    """A ranked strategy's numbers as index.json lists them (its held-out games' rewards left out)."""
+    n = max(entry.train_games, 1)
+    train = {"games": entry.train_games, "reward": entry.train_reward / n, "score": entry.train_points / n,
+             "win_rate": entry.train_wins / n, "max_tile": entry.train_max_tile}  # fmt: skip
+    held_out = entry.held_out and {k: v for k, v in entry.held_out.items() if k != "rewards"} | {
+        "lower_bound": entry.bound()}
+    return {"id": entry.id, "first_step": entry.first_step, "times_written": entry.times,
+            "held_out": held_out, "training": train}  # fmt: skip
 
-    def save_state(self, checkpoint: Path) -> None:
-        """The whole archive into a checkpoint folder (the main process's; call it before trainer_state.json)."""
-        if self.main:
-            tmp = checkpoint / f".{STATE_FILE}.tmp"
-            tmp.write_text(json.dumps(self.state()))
-            os.replace(tmp, checkpoint / STATE_FILE)
 
-    def load_state(self, checkpoint: Path) -> None:
-        """Continue the archive a checkpoint holds; a checkpoint without one, with a damaged one (state_problem), or of
-        another board starts a new one, in one line, and the files already written stay (unknown_copy). Held-out
-        scores on other seeds than this run's are dropped: those strategies are re-scored."""
-        path = checkpoint / STATE_FILE
-        try:
-            saved = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            log.warning(f"{checkpoint} holds no strategy archive: a new one starts here")
-            return
-        except (OSError, ValueError, RecursionError) as exc:
-            problem = f"unreadable: {type(exc).__name__}"
-        else:
-            problem = state_problem(saved)
-        if problem is not None:
-            log.warning(f"{path} is damaged ({problem}): a new strategy archive starts here (the strategies already "
-                        f"in {self.output_dir / FOLDER} are kept)")  # fmt: skip
-            return
-        if saved["board"] != self.settings.rules() | {"profile": self.settings.profile}:
-            log.warning(f"{path} was played on another board or profile: a new strategy archive starts here")
-            return
-        self.entries = {e["id"]: Entry(**e) for e in saved["entries"]}
-        if saved["format"] < STATE_FORMAT:  # ranked before each held-out game's reward was kept: ranked again
-            saved["seeds"] = None
-        self.credit, self.steps, self.answers = saved["credit"], saved["steps"], saved["answers"]
-        self.training_seconds, self.spent_seconds = saved["training_seconds"], saved["spent_seconds"]
-        self.reported["best"] = saved["reported"]
-        if saved["seeds"] != self.seeds:
-            why = "on other held-out games" if saved["seeds"] else "before each game's reward was kept"
-            log.warning(f"{path} re-scored {why}: its ranked strategies are re-scored again")
-            for entry in self.entries.values():
-                if entry.status in ("ranked", "too_slow"):
-                    entry.status, entry.held_out = "seen", None
-        log.info(f"strategy archive: continuing {checkpoint}'s, {len(self.entries)} distinct strategies")
+def strategy_file(entry: Entry, rank: int, step: int, settings, seeds: list[int]) -> str:
+    """A ranked strategy as a file: our header (comments: numbers and our words only), then the model's code as
+    data (strategy_code) and what `python <this file>` does with it: hand it to evaluate_2048.py --watch."""
+    s, h = settings, entry.held_out
+    train = entry_json(entry)["training"]
+    command = ["python evaluate_2048.py --strategy <this file>", shlex.join(game_options(s)),
+               f"--games {h['games']}", f"--seed {seeds[0]}"]  # fmt: skip
+    header = [
+        f"train_2048 strategy archive, rank {rank} at step {step}: a strategy the model wrote during training",
+        f"Untrusted code, kept as data: the string {evaluation.ARCHIVED_CODE} below, which this file never runs.",
+        "`python <this file>` plays a game of it in train_2048's sandbox (evaluate_2048.py --watch); to measure it:",
+        "  " + " ".join(part for part in command if part),
+        f"first written at step {entry.first_step}; written {times(entry.times)}",
+        f"held-out games: {h['games']} (seeds {seeds[0]}-{seeds[0] + h['games'] - 1}, {s.size}x{s.size} "
+        f"board to {s.target}): mean reward {h['reward']:.2f} (lower bound {entry.bound():.2f}), mean score "
+        f"{h['score']:.1f}, win rate {h['win_rate']:.0%}, largest tile {h['max_tile']}",
+        f"training games: {train['games']}: mean reward {train['reward']:.2f}, mean score {train['score']:.1f}, "
+        f"win rate {train['win_rate']:.0%}, largest tile {train['max_tile']}",
+        f"id {entry.id} (a digest of its syntax tree: formatting and comments do not count)",
+    ]
+    return "".join(comment(line) for line in header) + strategy_code(entry.code, game_options(s))
+
+
+# --- the checkpoint's state: strategy_archive.json -------------------------------------------------------------
+
+
+def state_json(archive: StrategyArchive) -> dict:
+    """The whole archive as the checkpoint keeps it."""
+    return {
+        "format": STATE_FORMAT,
+        "board": archive.settings.rules() | {"profile": archive.settings.profile},
+        "seeds": archive.seeds,
+        "credit": archive.credit,
+        "training_seconds": archive.training_seconds,
+        "steps": archive.steps,
+        "answers": archive.answers,
+        "spent_seconds": archive.spent_seconds,
+        "reported": archive.reported["best"],
+        "entries": [dataclasses.asdict(e) for e in archive.entries.values()],
+    }
+
+
+def save_state(archive: StrategyArchive, checkpoint: Path) -> None:
+    """The whole archive into a checkpoint folder (the main process's; call it before trainer_state.json)."""
+    if archive.main:
+        tmp = checkpoint / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(state_json(archive)))
+        os.replace(tmp, checkpoint / STATE_FILE)
+
+
+def load_state(archive: StrategyArchive, checkpoint: Path) -> None:
+    """Continue the archive a checkpoint holds; a checkpoint without one, with a damaged one (state_problem), or of
+    another board starts a new one, in one line, and the files already written stay (unknown_copy). Held-out
+    scores on other seeds than this run's are dropped: those strategies are re-scored."""
+    path = checkpoint / STATE_FILE
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        log.warning(f"{checkpoint} holds no strategy archive: a new one starts here")
+        return
+    except (OSError, ValueError, RecursionError) as exc:
+        problem = f"unreadable: {type(exc).__name__}"
+    else:
+        problem = state_problem(saved)
+    if problem is not None:
+        log.warning(f"{path} is damaged ({problem}): a new strategy archive starts here (the strategies already "
+                    f"in {archive.output_dir / FOLDER} are kept)")  # fmt: skip
+        return
+    if saved["board"] != archive.settings.rules() | {"profile": archive.settings.profile}:
+        log.warning(f"{path} was played on another board or profile: a new strategy archive starts here")
+        return
+    archive.entries = {e["id"]: Entry(**e) for e in saved["entries"]}
+    if saved["format"] < STATE_FORMAT:  # ranked before each held-out game's reward was kept: ranked again
+        saved["seeds"] = None
+    archive.credit, archive.steps, archive.answers = saved["credit"], saved["steps"], saved["answers"]
+    archive.training_seconds, archive.spent_seconds = saved["training_seconds"], saved["spent_seconds"]
+    archive.reported["best"] = saved["reported"]
+    if saved["seeds"] != archive.seeds:
+        why = "on other held-out games" if saved["seeds"] else "before each game's reward was kept"
+        log.warning(f"{path} re-scored {why}: its ranked strategies are re-scored again")
+        for entry in archive.entries.values():
+            if entry.status in ("ranked", "too_slow"):
+                entry.status, entry.held_out = "seen", None
+    log.info(f"strategy archive: continuing {checkpoint}'s, {len(archive.entries)} distinct strategies")
+
 
 
 STATE_TYPES = {"format": int, "board": dict, "seeds": list, "credit": float, "training_seconds": float, "steps": int,
@@ -666,11 +690,6 @@ def is_a(value, kind) -> bool:
     return isinstance(value, kind)
 
 
-def mark_cheating(entry: Entry) -> None:
-    """Seen cheating (at run time): never ranked, and its code is kept nowhere."""
-    entry.status, entry.code, entry.held_out = "cheats", None, None
-
-
 def describe_entry(entry: Entry) -> str:
     h = entry.held_out
     return (
@@ -678,6 +697,18 @@ def describe_entry(entry: Entry) -> str:
         f"{h['reward']:.2f} (lower bound {entry.bound():.2f}), score {h['score']:.0f}, win {h['win_rate']:.0%}, tile "
         f"{h['max_tile']} over {h['games']} games"
     )
+
+
+def panel(top: list[Entry]) -> str:
+    """The text panel: the best strategies and their scores, then the best one's code (indented: it may hold
+    fences)."""
+    rows = ["| rank | id | first step | written | held-out reward | score | win | tile |", "|---" * 8 + "|"]
+    for rank, e in enumerate(top, 1):
+        h = e.held_out
+        rows.append(f"| {rank} | {e.id} | {e.first_step} | {e.times} | {h['reward']:.2f} | {h['score']:.0f} | "
+                    f"{h['win_rate']:.0%} | {h['max_tile']} |")  # fmt: skip
+    code = "\n".join("    " + line for line in top[0].code.splitlines())
+    return "\n".join(rows) + f"\n\nbest ({top[0].id}):\n\n{code}"
 
 
 def comment(text: str) -> str:

@@ -135,7 +135,9 @@ class GameGRPOTrainer(GRPOTrainer):
         if self.base_identity is not None and output_dir and self.args.should_save:
             models.write_base_identity(Path(output_dir), self.base_identity)  # which base these adapters belong to
         if self.archive is not None and output_dir and Path(output_dir).name == f"checkpoint-{self.state.global_step}":
-            self.archive.save_state(Path(output_dir))
+            import strategy_archive
+
+            strategy_archive.save_state(self.archive, Path(output_dir))
 
     def _save_checkpoint(self, model, trial) -> None:
         # transformers writes checkpoint-N in place, trainer_state.json last: a save cut short (a full disk, most
@@ -551,7 +553,7 @@ def make_archive(settings, script_args, output_dir: Path, held_out: list[int], s
         main=state.is_main_process, world=state.num_processes, timing=lambda: times.timing("archive"),
     )  # fmt: skip
     if checkpoint is not None:
-        archive.load_state(checkpoint)
+        strategy_archive.load_state(archive, checkpoint)
     log.info(archive.describe())
     return archive
 

@@ -169,16 +169,15 @@ def main() -> None:
         rows = [PlayedGame(1.0, 100, False, 64, 0.01)] * settings.games
         archive.merge([(1 + i // 8, variant(code, i), rows, False) for i in range(args.entries)])
         for e in list(archive.entries.values())[:40]:
-            e.status, e.held_out = "ranked", {"games": 4, "reward": 1.0, "score": 100.0, "win_rate": 0.0,
-                                              "max_tile": 64, "seconds": 0.1}  # fmt: skip
+            e.status, e.held_out = "ranked", strategy_archive.held_out_stats(rows)  # with each game's reward
         fresh = iter(range(args.entries, 10**9))  # a step's answers are new ones: their trees are parsed
         merge = median_seconds(
             lambda: archive.merge([(1, variant(code, next(fresh)), rows, False) for _ in range(8)]), args.repeats
         )
         checkpoint = Path(tmp) / "checkpoint"
         checkpoint.mkdir()
-        state = median_seconds(lambda: archive.save_state(checkpoint), args.repeats)
-        files = median_seconds(lambda: archive.write_files(1), args.repeats)
+        state = median_seconds(lambda: strategy_archive.save_state(archive, checkpoint), args.repeats)
+        files = median_seconds(lambda: strategy_archive.write_files(archive, 1), args.repeats)
         size = (checkpoint / strategy_archive.STATE_FILE).stat().st_size
         print(f"an archive of {len(archive.entries)} distinct strategies of {len(code)} characters:")
         print(f"  merging a step's 8 new answers {merge * 1000:8.2f} ms")

@@ -233,8 +233,8 @@ def test_a_hostile_strategy_is_in_no_file_and_its_rescoring_meets_the_walls(arch
     assert [e.id for e in archive.ranked()] == [entry(archive, CORNER).id]
     checkpoint = tmp_path / "checkpoint-2"
     checkpoint.mkdir()
-    archive.save_state(checkpoint)
-    archive.write_files(2)
+    strategy_archive.save_state(archive, checkpoint)
+    strategy_archive.write_files(archive, 2)
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert {p.name for p in written} >= {"best.py", "index.json", strategy_archive.STATE_FILE}
     for path in written:
@@ -330,11 +330,11 @@ def test_no_strategy_can_recognise_the_held_out_games():
 
 def test_files_are_swapped_in_whole_and_say_how_to_play_them(archive, tmp_path):
     train_step(archive, [fenced(CORNER), fenced(CYCLE)], step=1)
-    first = archive.write_files(1)
+    first = strategy_archive.write_files(archive, 1)
     link = tmp_path / strategy_archive.FOLDER
     assert link.is_symlink() and link.resolve() == first.resolve()
     train_step(archive, [fenced(CORNER)], step=2)
-    second = archive.write_files(2)
+    second = strategy_archive.write_files(archive, 2)
     assert link.resolve() == second.resolve() and not first.exists()  # one rename swapped it; the old copy is gone
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [second.name]
     index = json.loads((link / "index.json").read_text())
@@ -363,7 +363,7 @@ def test_nothing_in_a_header_ends_its_comment(tmp_path):
     code = clean(CYCLE.replace("WASD", "\\nASD"))
     archive.merge([(1, code, [PlayedGame(1.0, 10, False, 8, 0.01)] * 2, False)])
     archive.end_step(1.0)
-    best = archive.write_files(1) / "best.py"
+    best = strategy_archive.write_files(archive, 1) / "best.py"
     text = best.read_text()
     header = text[: text.index(f"\n{evaluation.ARCHIVED_CODE} = (")]
     assert "'--keys=\\nASD'" in header and all(line.startswith("# ") for line in header.splitlines())
@@ -436,7 +436,7 @@ def written(tmp_path, codes: list[str]) -> list[Path]:
     archive.merge([(1, code, [PlayedGame(10.0, 100, False, 32, 0.01)] * 2, False) for code in codes])
     archive.end_step(100.0)
     assert [e.status for e in archive.entries.values()] == ["ranked"] * len(codes)
-    folder = archive.write_files(1)
+    folder = strategy_archive.write_files(archive, 1)
     by_id = {row["id"]: folder / row["file"] for row in json.loads(index_text(folder))["strategies"]}
     return [by_id[strategy_archive.strategy_id(code)] for code in codes]
 
@@ -528,19 +528,19 @@ def test_python_runs_a_written_file_in_the_sandbox_only(tmp_path):
 
 def test_a_checkpoint_carries_the_archive(archive, tmp_path, caplog):
     train_step(archive, [fenced(CORNER), fenced(CYCLE)], step=1)
-    archive.save_state(tmp_path)
+    strategy_archive.save_state(archive, tmp_path)
     again = new_archive(tmp_path)
-    again.load_state(tmp_path)
-    assert again.state() == archive.state()
+    strategy_archive.load_state(again, tmp_path)
+    assert strategy_archive.state_json(again) == strategy_archive.state_json(archive)
     other_games = new_archive(tmp_path, seeds=[0, 1])  # held-out scores on other games are dropped
-    other_games.load_state(tmp_path)
+    strategy_archive.load_state(other_games, tmp_path)
     assert {e.status for e in other_games.entries.values()} == {"seen"} and len(other_games.entries) == 2
     other_board = new_archive(tmp_path, rewards.RewardSettings(size=4, target=64))
-    other_board.load_state(tmp_path)
+    strategy_archive.load_state(other_board, tmp_path)
     assert other_board.entries == {} and "another board" in caplog.text
     os.remove(tmp_path / strategy_archive.STATE_FILE)
     none = new_archive(tmp_path)
-    none.load_state(tmp_path)
+    strategy_archive.load_state(none, tmp_path)
     assert none.entries == {} and "holds no strategy archive" in caplog.text
 
 
@@ -555,7 +555,7 @@ def saved_state(tmp_path_factory):
     archive.rewards = wired(archive)
     train_step(archive, [fenced(CORNER), fenced(CYCLE), fenced(hostile(folder / "escaped"))], step=1)
     assert {e.status for e in archive.entries.values()} == {"ranked", "cheats"}
-    return archive.state()
+    return strategy_archive.state_json(archive)
 
 
 def edited(change):
@@ -599,7 +599,7 @@ DAMAGES = {
 def test_a_damaged_checkpoint_archive_is_one_line_and_a_fresh_archive(damage, saved_state, tmp_path, caplog):
     (tmp_path / strategy_archive.STATE_FILE).write_text(DAMAGES[damage](saved_state), errors="surrogateescape")
     fresh = new_archive(tmp_path)
-    fresh.load_state(tmp_path)
+    strategy_archive.load_state(fresh, tmp_path)
     lines = [r.getMessage() for r in caplog.records]
     assert fresh.entries == {} and fresh.steps == 0 and fresh.credit == 0.0
     assert len(lines) == 1 and "is damaged (" in lines[0] and "\n" not in lines[0], lines
@@ -618,7 +618,7 @@ def test_a_checkpoint_of_an_older_format_still_loads(fmt, saved_state, tmp_path,
             del entry["rescored_games"], entry["rescored_seconds"]
     (tmp_path / strategy_archive.STATE_FILE).write_text(json.dumps(old))
     again = new_archive(tmp_path)
-    again.load_state(tmp_path)
+    strategy_archive.load_state(again, tmp_path)
     assert again.entries.keys() == {e["id"] for e in saved_state["entries"]}
     assert {e.status for e in again.entries.values()} == {"seen", "cheats"} and "re-scored again" in caplog.text
 
@@ -632,18 +632,18 @@ def test_files_are_replaced_only_by_an_archive_that_holds_what_they_show(tmp_pat
     train_step(archive, [fenced(CORNER), fenced(CYCLE)], step=1)
     older = tmp_path / "checkpoint-1"
     older.mkdir()
-    archive.save_state(older)
+    strategy_archive.save_state(archive, older)
     train_step(archive, [fenced(CORNER.replace('return "A"', 'return "S"'))], step=2)
     newer = tmp_path / "checkpoint-2"
     newer.mkdir()
-    archive.save_state(newer)
-    shown = archive.write_files(2)
+    strategy_archive.save_state(archive, newer)
+    shown = strategy_archive.write_files(archive, 2)
     link = tmp_path / strategy_archive.FOLDER
 
     def resumed(checkpoint: Path, step: int) -> Path:
         again = new_archive(tmp_path)
-        again.load_state(checkpoint)
-        return again.write_files(step)
+        strategy_archive.load_state(again, checkpoint)
+        return strategy_archive.write_files(again, step)
 
     replaced = resumed(newer, 2)
     assert not shown.exists() and link.resolve() == replaced.resolve()

@@ -294,7 +294,7 @@ def one_line(capsys, prog: str) -> str:
 
 @pytest.mark.parametrize("case", TRAIN, ids=[case[0] for case in TRAIN])
 def test_train_2048_mistake(place, case, capsys):
-    name, argv, words = case
+    name, argv, words, *absent = case
     argv = [word.replace("{root}", str(place)) for word in argv]
     if "--config" not in argv:
         argv = ["--config", DEMO, *argv]
@@ -350,6 +350,21 @@ EVALUATE = [
     ("config-no-file", ["--config"], ["--config needs a YAML file"]),
     ("config-bad-board", ["--config", "{root}/bad-board.yaml"], ["bad-board.yaml: size", "'three'"]),
     ("config-bad-budget", ["--config", "{root}/bad-budget.yaml"], ["bad-budget.yaml: max_completion_length", "'1.5'"]),
+    # Each option named alone, with its value; NaN and infinities refused; an accelerate config is no preset (the
+    # fourth element: words the line must not hold).
+    ("temperature-nan", ["--temperature", "nan"], ["--temperature nan", "finite"]),
+    ("temperature-inf", ["--temperature", "inf"], ["--temperature inf", "finite"]),
+    ("speed-negative", ["--speed", "-1"], ["--speed -1", "at least 0"], ["--temperature"]),
+    ("speed-nan", ["--speed", "nan"], ["--speed nan", "finite"]),
+    ("samples-zero", ["--samples", "0"], ["--samples 0", "at least 1"]),
+    ("batch-size-zero", ["--batch_size", "0"], ["--batch_size 0", "at least 1"]),
+    ("max-new-tokens-zero", ["--max_new_tokens", "0"], ["--max_new_tokens 0", "at least 1"]),
+    ("seed-negative", ["--seed", "-1"], ["--seed -1", "between 0 and 2^63 - 1"]),
+    ("seed-past-63-bits", ["--seed", str(2**63)], [f"--seed {2**63}", "between 0 and 2^63 - 1"]),
+    ("config-accelerate", ["--config", str(REPO / "configs" / "accelerate" / "ddp.yaml")],
+     ["--config ", "ddp.yaml: not a train_2048 preset", "unknown key compute_environment"]),  # fmt: skip
+    ("config-env", ["--config", "{root}/env.yaml"], ["--config ", "env.yaml: env: LD_PRELOAD"]),
+    ("watch-folder", ["--watch", "{root}"], ["--watch ", "cannot read it: a folder"], ["--strategy", "cannot read --"]),
 ]
 
 
@@ -360,12 +375,13 @@ def eval_place(place):
     (place / "binary.py").write_bytes(b"\xff\xfe\x00bad")
     (place / "bad-board.yaml").write_text("size: three\noutput_dir: somewhere\n")
     (place / "bad-budget.yaml").write_text("max_completion_length: 1.5\n")
+    (place / "env.yaml").write_text("size: 3\nenv:\n  LD_PRELOAD: /tmp/x.so\n")
     return place
 
 
 @pytest.mark.parametrize("case", EVALUATE, ids=[case[0] for case in EVALUATE])
 def test_evaluate_2048_mistake(eval_place, case, capsys):
-    name, argv, words = case
+    name, argv, words, *absent = case
     out = eval_place / f"eval-{name}"
     argv = [word.replace("{root}", str(eval_place)) for word in argv] + ["--output_dir", str(out)]
     with pytest.raises(SystemExit) as stop:
@@ -374,7 +390,9 @@ def test_evaluate_2048_mistake(eval_place, case, capsys):
     line = one_line(capsys, "evaluate_2048")
     for word in words:
         assert word in line, line
-    assert not (out / "results.json").exists()
+    for word in absent[0] if absent else []:
+        assert word not in line, line
+    assert not (out / "results.json").exists() and not out.exists()
 
 
 def test_a_second_run_is_refused_before_anything_is_written(place, capsys, monkeypatch):

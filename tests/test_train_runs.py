@@ -261,7 +261,8 @@ def test_the_archive_is_ranked_seen_in_tensorboard_and_plays_in_the_sandbox(full
     assert index["step"] == 4 and index["held_out_seeds"] == held_out and ranked
     log = (out / "training.log").read_text()
     assert f"each on 2 held-out games (seeds {held_out[0]}-{held_out[1]}, " in log  # the evaluation's, the same
-    assert [r["held_out"]["reward"] for r in ranked] == sorted((r["held_out"]["reward"] for r in ranked), reverse=True)
+    bounds = [r["held_out"]["lower_bound"] for r in ranked]  # the archive ranks by the bound, not the mean
+    assert bounds == sorted(bounds, reverse=True)
     best = ranked[0]
     text = (out / "strategies" / "best.py").read_text()
     assert text == (out / "strategies" / best["file"]).read_text() and best["times_written"] >= 1
@@ -456,14 +457,15 @@ def test_cpu_demo_learns_to_read_the_board(tmp_path):
     assert index["rescoring"]["seconds"] <= 0.05 * index["rescoring"]["training_seconds"] + 2.0  # + one game's limit
     tmp = tmp_path / "eval"
     seeds = index["held_out_seeds"]
-    assert len(seeds) == best["held_out"]["games"] == 16
-    args = ["--config", DEMO, "--strategy", out / "strategies" / "best.py", "--games", 16, "--seed", seeds[0],
+    games = best["held_out"]["games"]  # 16, or more rounds of 16 where a near-tie played on
+    assert len(seeds) == 16 and games >= 16 and games % 16 == 0
+    args = ["--config", DEMO, "--strategy", out / "strategies" / "best.py", "--games", games, "--seed", seeds[0],
             "--no-baselines"]  # fmt: skip
     r = subprocess.run([sys.executable, str(REPO / "evaluate_2048.py"), *map(str, args), "--output_dir", str(tmp)],
                        cwd=REPO, capture_output=True, text=True, timeout=300, env=ENV)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     (summary,) = json.loads((tmp / "results.json").read_text())["summary"]
-    assert summary["mean_score"] == pytest.approx(best["held_out"]["score"]) and summary["games"] == 16
+    assert summary["mean_score"] == pytest.approx(best["held_out"]["score"]) and summary["games"] == games
 
 
 def test_fast_generation_samples_what_model_generate_samples(full_run, tmp_path):
