@@ -447,13 +447,14 @@ def test_cpu_demo_learns_to_read_the_board(tmp_path):
     assert demo_data.learned(first, last, kinds), (first, last, dict(kinds))
 
     # Its archive: the best strategy it wrote is the corner player, with the rewards it measured: 4 games for each time
-    # it was written, and on the 16 held-out games what evaluate_2048.py measures when it plays the file.
+    # it was written, and on its held-out games what evaluate_2048.py measures when it plays the file.
     index = json.loads((out / "strategies" / "index.json").read_text())
     best = index["strategies"][0]
     code = evaluation.file_source(str(out / "strategies" / "best.py")).samples[0].code
     print(f"cpu demo archive: {index['distinct']} distinct, best {best}")
     assert demo_data.answer_kind(f"```python\n{code}```") == "corner", code
-    assert best["training"]["games"] == 4 * best["times_written"] and best["times_written"] >= 10
+    # Any corner variant may lead: variants that play alike tie, and near-ties play on as the step's time allows.
+    assert best["training"]["games"] == 4 * best["times_written"] and best["times_written"] >= 1
     assert index["rescoring"]["seconds"] <= 0.05 * index["rescoring"]["training_seconds"] + 2.0  # + one game's limit
     tmp = tmp_path / "eval"
     seeds = index["held_out_seeds"]
