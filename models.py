@@ -48,10 +48,7 @@ def quiet_library_imports() -> None:
     """
     import importlib.util
 
-    warnings.filterwarnings("ignore", category=SyntaxWarning)
-    bnb_cpu_log = logging.getLogger("bitsandbytes.backends.cpu.ops")
-    if not any(getattr(f, "__name__", "") == "_no_hub_kernel_warning" for f in bnb_cpu_log.filters):
-        bnb_cpu_log.addFilter(_no_hub_kernel_warning)
+    quiet_library_logs()
     if "bitsandbytes" in sys.modules or importlib.util.find_spec("bitsandbytes") is None:
         return
     kernels = sys.modules.get("kernels", _MISSING)
@@ -65,6 +62,15 @@ def quiet_library_imports() -> None:
             sys.modules.pop("kernels", None)
         else:
             sys.modules["kernels"] = kernels
+
+
+def quiet_library_logs() -> None:
+    """quiet_library_imports' filters alone, importing nothing: train_2048 sets them before `import unsloth`, which
+    imports bitsandbytes itself and must come before anything that starts CUDA (bitsandbytes' import does)."""
+    warnings.filterwarnings("ignore", category=SyntaxWarning)
+    bnb_cpu_log = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    if not any(getattr(f, "__name__", "") == "_no_hub_kernel_warning" for f in bnb_cpu_log.filters):
+        bnb_cpu_log.addFilter(_no_hub_kernel_warning)
 
 
 _MISSING = object()

@@ -62,15 +62,22 @@ def compare_adapters(model, checkpoint: Path) -> None:
 
 
 def prepare_cuda() -> None:
-    """DGX Spark (GB10, compute capability 12.1) needs a ptxas that knows sm_121a; Triton's bundled one may not."""
+    """DGX Spark (GB10, compute capability 12.1), asked once CUDA is up (after `import unsloth`): extensions built from
+    source target sm_121a, and a Triton up to 3.5 (NGC 25.11's) gets the CUDA toolkit's ptxas, as its own rejects
+    sm_121a; Triton 3.6 and later (torch >= 2.11) use their own Blackwell ptxas and ignore TRITON_PTXAS_PATH."""
     import torch
 
     if torch.cuda.get_device_capability() != (12, 1):
         return
-    ptxas = "/usr/local/cuda/bin/ptxas"
-    if "TRITON_PTXAS_PATH" not in os.environ and os.path.exists(ptxas):
-        os.environ["TRITON_PTXAS_PATH"] = ptxas
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "12.1a")
+    try:
+        import triton
+
+        old_triton = tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 6)
+    except (ImportError, ValueError):
+        old_triton = False
+    if old_triton and os.path.exists("/usr/local/cuda/bin/ptxas"):
+        os.environ.setdefault("TRITON_PTXAS_PATH", "/usr/local/cuda/bin/ptxas")
     if importlib.util.find_spec("flash_attn") is not None:
         log.warning(
             "flash-attn is installed: it has no GB10 (sm_121) build and breaks xformers; pip uninstall flash-attn"
@@ -225,11 +232,12 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     """The steps of a run, in order. Order rules: Unsloth is imported before trl (it patches it); every option is
     checked before anything is written; the folder is held (its lock, its record) before anything is written there;
     the model is deleted from here once the trainer holds it, so the save step can release it."""
-    models.quiet_library_imports()  # before unsloth and trl, which import bitsandbytes
+    if backend == "unsloth":  # first: it patches trl, transformers and peft, and sets the CUDA allocator for GB10,
+        models.quiet_library_logs()  # which counts only if nothing started CUDA before (importing bitsandbytes does)
+        import unsloth  # noqa: F401
+    models.quiet_library_imports()  # before trl, which imports bitsandbytes
     if cuda:
         prepare_cuda()
-    if backend == "unsloth":
-        import unsloth  # noqa: F401  (it patches trl, transformers and peft, so it comes before them)
     try:
         plan = options.plan(argv, backend, description=__doc__)
     except options.OptionError as exc:
