@@ -137,6 +137,25 @@ def not_a_model(path: str) -> str | None:
     return "no config.json there, so not a model folder (one holds config.json, the weights and the tokenizer)"
 
 
+def decide_offload(requested: bool | None, load_in_4bit: bool) -> tuple[bool, str]:
+    """offload_embedding for Unsloth's loader, and why, in words for the console; asked once CUDA is up. The user's
+    value (a flag or a YAML key) stands. Unset, the GPU decides: an integrated one (a DGX Spark's GB10) shares its
+    memory with the CPU, so "CPU memory" frees nothing there and each embedding lookup becomes small pageable copies;
+    on a discrete card the offload frees ~1 GB (GPT-OSS's 201088 x 2880 embedding), which the 4-bit path, made for
+    cards under 48 GB, takes (the public notebook's choice) and the 16-bit one, on a card with room, does not."""
+    import torch
+
+    integrated = bool(getattr(torch.cuda.get_device_properties(0), "is_integrated", 0))  # Unsloth trains on one GPU
+    gpu = "an integrated GPU (CPU and GPU share one memory)" if integrated else "a discrete GPU"
+    if requested is not None:
+        cost = ": it frees nothing there and slows each step" if requested and integrated else ""
+        return requested, f"as set (a flag or the preset), on {gpu}{cost}"
+    if integrated:
+        return False, f"decided by the GPU: {gpu}, where it would free nothing and slow each step"
+    weights = "4-bit" if load_in_4bit else "16-bit"
+    return load_in_4bit, f"decided by the GPU: {gpu} with {weights} weights (on with 4-bit ones, off with 16-bit)"
+
+
 def _load_unsloth(path, model_args, trainable, max_seq_length, offload_embedding):
     from unsloth import FastLanguageModel
 

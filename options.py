@@ -156,7 +156,7 @@ RANGES = {
 # Options of our own with no range to check, and why.
 NO_RANGE = {
     "backend": "one of its choices (argparse refuses others)",
-    "offload_embedding": "true or false",
+    "offload_embedding": "true or false, or unset (decided by the GPU)",
     "warm_start": "true or false",
     "resume": "auto or a checkpoint: run_folder.resume_point checks the checkpoint",
     "overwrite_output_dir": "true or false",
@@ -353,8 +353,13 @@ class ScriptArguments:
         },
     )
     max_seq_length: int = field(default=1536, metadata={"help": "Longest prompt + completion (Unsloth)."})
-    offload_embedding: bool = field(
-        default=False, metadata={"help": "Keep the embedding matrix in CPU memory (Unsloth, saves ~1 GB)."}
+    offload_embedding: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Keep the embedding matrix in CPU memory (Unsloth; saves ~1 GB of GPU memory). Unset: decided by "
+            "the GPU (models.decide_offload): off on an integrated GPU (DGX Spark: CPU and GPU share one memory, so it "
+            "saves nothing and costs time), else on with 4-bit weights, off with 16-bit ones."
+        },
     )
     dataset_size: int = field(default=1000, metadata={"help": "Rows of the prompt dataset (the same prompt)."})
     warm_start: bool = field(

@@ -130,13 +130,17 @@ def load_policy(script_args, training_args, model_args, backend: str, prompt: st
         with state.main_process_first():
             built = demo_data.build_tiny_model(output_dir / "tiny-model", demo_data.corpus(prompt), training_args.seed)
         model_name = str(built)
+    offload = bool(script_args.offload_embedding)
+    if backend == "unsloth":  # only Unsloth's loader offloads
+        offload, why = models.decide_offload(script_args.offload_embedding, model_args.load_in_4bit)
+        log.info(f"offload_embedding {str(offload).lower()}: {why}")
     model, tokenizer = models.load_model(
         model_name,
         model_args,
         backend=backend,
         trainable=True,
         max_seq_length=script_args.max_seq_length,
-        offload_embedding=script_args.offload_embedding,
+        offload_embedding=offload,
         seed=training_args.seed,
         gradient_checkpointing=training_args.gradient_checkpointing,
         trust_remote_code=training_args.trust_remote_code,

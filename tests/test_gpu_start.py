@@ -9,10 +9,18 @@ order of the start is read, not assumed.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import models
+import options
+import train_2048
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,3 +93,55 @@ def test_nothing_starts_cuda_before_import_unsloth():
     # and the GB10 check still ran, after it, before the options (and so before the model): its setting is in place
     assert any(e == "cuda get_device_capability" for e in events[first:]), events
     assert said["arch"] == "12.1a"
+
+
+# --- offload_embedding, decided by the GPU unless the user sets it ----------------------------------------------
+
+H100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, is_integrated=0)
+GB10 = SimpleNamespace(name="NVIDIA GB10", major=12, minor=1, is_integrated=1)
+
+
+def stand_in(monkeypatch, card) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: card if device == 0 else None)
+
+
+@pytest.mark.parametrize(
+    "card, requested, four_bit, offload",
+    [(GB10, None, True, False), (GB10, None, False, False), (H100, None, True, True), (H100, None, False, False),
+     (GB10, True, True, True), (GB10, False, True, False), (H100, False, True, False), (H100, True, False, True)],
+)  # fmt: skip
+def test_offload_embedding_is_the_users_else_the_gpus(monkeypatch, card, requested, four_bit, offload):
+    stand_in(monkeypatch, card)
+    decided, why = models.decide_offload(requested, four_bit)
+    assert decided is offload
+    assert ("integrated" in why) == bool(card.is_integrated) and ("as set" in why) == (requested is not None)
+    if card is GB10 and requested:  # the user's choice stands, and its cost there is said
+        assert "frees nothing" in why
+
+
+class Loaded(Exception):
+    pass
+
+
+@pytest.mark.parametrize("card, preset, offload", [(GB10, "gpt-oss-20b", False), (H100, "gpt-oss-20b", True),
+                                                   (GB10, "gpt-oss-20b-bf16", False)])  # fmt: skip
+def test_the_preset_loads_with_the_decision_and_says_it(monkeypatch, caplog, tmp_path, card, preset, offload):
+    """The default preset no longer forces the offload: off on a DGX Spark, on on an H100, said on the console."""
+    stand_in(monkeypatch, card)
+    script, settings, grpo, model = options.parse_args(["--config", str(ROOT / "configs" / f"{preset}.yaml"),
+                                                        "--use_cpu", "true", "--bf16", "false"])  # fmt: skip
+    asked = {}
+
+    def load_model(path, model_args, **kwargs):
+        asked.update(kwargs)
+        raise Loaded
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    with caplog.at_level(logging.INFO, logger="train_2048"), pytest.raises(Loaded):
+        train_2048.load_policy(script, grpo, model, "unsloth", "prompt", None, tmp_path)
+    assert asked["offload_embedding"] is offload
+    (said,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("offload_embedding ")]
+    assert said.startswith(f"offload_embedding {str(offload).lower()}: ")
+    assert ("decided by the GPU" in said) == (preset == "gpt-oss-20b")
