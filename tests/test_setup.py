@@ -322,10 +322,29 @@ def test_hadolint():
 def test_dockerfile_essentials():
     text = DOCKERFILE.read_text()
     assert "ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.11-py3" in text
-    assert 'ENTRYPOINT ["python", "train_2048.py"]' in text
+    # NGC's entrypoint in front of ours (it turns on CUDA forward compatibility for drivers below R580), checked there
+    assert 'ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "python", "train_2048.py"]' in text
+    assert "RUN test -x /opt/nvidia/nvidia_entrypoint.sh" in text
     assert "EXPOSE 6006" in text and "VOLUME" in text and "TARGETARCH" in text
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "outputs"} <= set(ignored)
+
+
+def docker_commands(page: Path) -> list[str]:
+    """The `mkdir` and `docker run` commands of a page's code blocks, continuation lines joined, comments dropped."""
+    text = page.read_text().replace("\\\n", " ")
+    lines = [re.sub(r"\s+#.*$", "", line).strip() for line in text.splitlines()]
+    return [" ".join(line.split()) for line in lines if line.startswith(("mkdir -p ~/.cache", "docker run --gpus"))]
+
+
+def test_readmes_docker_run_is_gpu_mds_with_the_cache_folder_made_first():
+    """dockerd creates a missing bind-mount source owned by root, and the container's --user then cannot write its
+    Hugging Face cache: both pages make the folder first, and give the same command."""
+    readme, gpu = docker_commands(ROOT / "README.md"), docker_commands(ROOT / "docs" / "GPU.md")
+    assert readme == gpu[: len(readme)] and len(readme) == 2
+    mkdir, run = readme
+    assert mkdir.startswith("mkdir -p ~/.cache/huggingface") and "-v ~/.cache/huggingface:/cache/huggingface" in run
+    assert '--user "$(id -u):$(id -g)"' in run
 
 
 def test_dockerfile_splits_requirements_as_intended():
