@@ -299,6 +299,7 @@ def announce(plan, state) -> None:
     """The run's first lines: what trains where, the notes of the checks, what a resume continues."""
     log.info(f"train_2048: {plan.model_args.model_name_or_path} on the {plan.backend} backend, writing to "
              f"{plan.output_dir}")  # fmt: skip
+    log.info(sandbox.describe_walls(sandbox.walls()))  # what a strategy the model writes can reach here
     for note in plan.notes:
         log.warning(note)
     if plan.merge_source is not None:
