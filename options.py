@@ -38,7 +38,9 @@ REAL_GPT_OSS = re.compile(r"gpt-oss-(20|120)b", re.I)  # checkpoints no CPU can 
 # Unsloth (2026.10.9) writes mxfp4 through llm-compressor, which runs with transformers up to this version only
 # (unsloth/save.py, _LLM_COMPRESSOR_MAX_TRANSFORMERS; tests/unsloth checks it): above it the save fails after training.
 MXFP4_MAX_TRANSFORMERS = "4.57.6"
-MAX_STEP_SECONDS = 3600  # no preset's GRPO step comes near an hour (GPT-OSS-20B on a DGX Spark: ~90 s)
+# No preset's GRPO step comes near an hour: the slowest, the default on a DGX Spark, is ~300-500 s (an estimate from
+# a public GB10 run's 85-142 s at 200-300 tokens, 1ou2/gpt-2048: docs/PERF.md, README's preset table).
+MAX_STEP_SECONDS = 3600
 log = logging.getLogger("train_2048")
 
 

@@ -221,16 +221,16 @@ if [ "$arch" = x86_64 ]; then
     say "WARNING: no xformers wheel for torch $torch_version; Unsloth runs without it"
 fi
 
-# 4. GB10 (DGX Spark): flash-attn has no sm_121 build and breaks xformers' import, and Triton <= 3.5's own
-# ptxas rejects sm_121a; the exports go to a file that `source` adds to the shell.
+# 4. GB10 (DGX Spark): flash-attn has no sm_121 build and breaks xformers' import; extensions built from source must
+# target sm_121a (the export goes to a file that `source` adds to the shell). No TRITON_PTXAS_PATH: torch 2.13's
+# Triton 3.7 picks its own Blackwell ptxas for sm_121a and ignores it (NGC 25.11's Triton 3.5 needs it: the Dockerfile).
 if [ "$gb10" = 1 ]; then
   if [ "$dry_run" = 1 ] || "$py" -c 'import importlib.metadata as m; m.version("flash-attn")' 2>/dev/null; then
     uninstall flash-attn
   fi
   env_file=$venv/gb10.env
-  run_to "$env_file" printf '%s\n' '# DGX Spark (GB10, sm_121): source this file before training' \
-    "export TRITON_PTXAS_PATH=${CUDA_HOME:-/usr/local/cuda}/bin/ptxas" \
-    'export TORCH_CUDA_ARCH_LIST=12.1a'
+  run_to "$env_file" printf '%s\n' '# DGX Spark (GB10, sm_121): source this file before building or training' \
+    'export TORCH_CUDA_ARCH_LIST=12.1a  # extensions built from source (train_2048.py sets it for itself)'
   say "GB10: run 'source $env_file' in each shell before training"
 fi
 
