@@ -145,3 +145,19 @@ def test_the_preset_loads_with_the_decision_and_says_it(monkeypatch, caplog, tmp
     (said,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("offload_embedding ")]
     assert said.startswith(f"offload_embedding {str(offload).lower()}: ")
     assert ("decided by the GPU" in said) == (preset == "gpt-oss-20b")
+
+
+@pytest.mark.parametrize("triton, ptxas", [("3.5.0", "/usr/local/cuda/bin/ptxas"), ("3.7.1", None), (None, None)])
+def test_a_gb10_gets_the_toolkits_ptxas_only_where_triton_reads_it(monkeypatch, triton, ptxas):
+    """Triton up to 3.5 (NGC 25.11's) rejects sm_121a with its own ptxas and takes TRITON_PTXAS_PATH; 3.6 and later
+    (torch 2.13's 3.7.1) use their bundled Blackwell ptxas and ignore it, so it is not set there."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 1))
+    monkeypatch.setitem(sys.modules, "triton", None if triton is None else SimpleNamespace(__version__=triton))
+    monkeypatch.setattr(train_2048.os.path, "exists", lambda path: path == "/usr/local/cuda/bin/ptxas")
+    for name in ("TRITON_PTXAS_PATH", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.delenv(name, raising=False)
+    train_2048.prepare_cuda()
+    assert train_2048.os.environ.get("TRITON_PTXAS_PATH") == ptxas
+    assert train_2048.os.environ["TORCH_CUDA_ARCH_LIST"] == "12.1a"
