@@ -233,11 +233,12 @@ def game_salt(settings, checkpoint: Path | None, state) -> str:
 
 
 def train(argv: list[str], backend: str, cuda: bool) -> int:
-    """The steps of a run, in order. Order rules: Unsloth is imported before trl (it patches it); every option is
-    checked before anything is written; the folder is held (its lock, its record) before anything is written there;
-    the model is deleted from here once the trainer holds it, so the save step can release it."""
-    if backend == "unsloth":  # first: it patches trl, transformers and peft, and sets the CUDA allocator for GB10,
-        models.quiet_library_logs()  # which counts only if nothing started CUDA before (importing bitsandbytes does)
+    """The steps of a run, in order. Order rules: Unsloth is imported first (it patches trl, transformers and peft,
+    and its CUDA allocator setting for GB10 counts only if nothing started CUDA before: importing bitsandbytes does);
+    every option is checked before anything is written; the folder is held (its lock, its record) before anything is
+    written there; the model is deleted from here once the trainer holds it, so the save step can release it."""
+    if backend == "unsloth":
+        models.quiet_library_logs()
         import unsloth  # noqa: F401
     models.quiet_library_imports()  # before trl, which imports bitsandbytes
     if cuda:
