@@ -1,11 +1,12 @@
 # train_2048 on NVIDIA's PyTorch container (CUDA 13): arm64 for a DGX Spark (GB10), amd64 for H100s.
 #   docker buildx build --platform linux/arm64 -t train_2048 --load .           # on the DGX Spark itself
 #   docker buildx build --platform linux/arm64,linux/amd64 -t <registry>/train_2048 --push .
-#   docker run --gpus=all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \
-#       -v "$PWD":"$PWD" -w "$PWD" -v ~/.cache/huggingface:/cache/huggingface -p 6006:6006 train_2048 [options]
+# docs/GPU.md has the `docker run` command (its `mkdir -p ~/.cache/huggingface` first, and `--user`).
 # NGC's torch build is kept: every pip call below runs under a constraint file that pins it, and
 # Unsloth, unsloth_zoo and bitsandbytes go in with --no-deps (a plain `pip install unsloth` has replaced
-# it with a CPU-only torch on arm64). NGC 25.11 ships torch 2.10, inside Unsloth's torch<2.15 cap.
+# it with a CPU-only torch on arm64). So the image runs NGC 25.11's torch 2.10 (NVIDIA's CUDA 13.0 build, GB10
+# included; NVIDIA's DGX Spark playbook for Unsloth uses this image), below requirements.txt's torch>=2.11: that floor
+# is a venv's, where PyPI's first CUDA 13 torch for aarch64 is 2.11; Unsloth 2026.10.9 takes torch 2.4 to 2.14.
 ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.11-py3
 FROM ${BASE_IMAGE}
 
@@ -14,6 +15,8 @@ ARG TARGETARCH
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
+# TRITON_PTXAS_PATH: NGC 25.11's Triton 3.5 has a ptxas that rejects GB10's sm_121a; the CUDA toolkit's knows it (and
+# every older card). Triton 3.6 and later, a venv's with torch >= 2.11, ignore it and use their own Blackwell ptxas.
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore \
@@ -76,4 +79,7 @@ VOLUME ["/cache/huggingface"]
 # TensorBoard: docker run ... -p 6006:6006 --entrypoint tensorboard train_2048 --logdir outputs --bind_all
 EXPOSE 6006
 
-ENTRYPOINT ["python", "train_2048.py"]
+# NGC's own entrypoint first: it turns on CUDA forward compatibility (datacenter cards such as the H100) where the host's
+# driver predates the image's CUDA 13.0 (below R580), then runs ours. A base image without it fails the build here.
+RUN test -x /opt/nvidia/nvidia_entrypoint.sh
+ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "python", "train_2048.py"]

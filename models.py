@@ -48,10 +48,7 @@ def quiet_library_imports() -> None:
     """
     import importlib.util
 
-    warnings.filterwarnings("ignore", category=SyntaxWarning)
-    bnb_cpu_log = logging.getLogger("bitsandbytes.backends.cpu.ops")
-    if not any(getattr(f, "__name__", "") == "_no_hub_kernel_warning" for f in bnb_cpu_log.filters):
-        bnb_cpu_log.addFilter(_no_hub_kernel_warning)
+    quiet_library_logs()
     if "bitsandbytes" in sys.modules or importlib.util.find_spec("bitsandbytes") is None:
         return
     kernels = sys.modules.get("kernels", _MISSING)
@@ -65,6 +62,15 @@ def quiet_library_imports() -> None:
             sys.modules.pop("kernels", None)
         else:
             sys.modules["kernels"] = kernels
+
+
+def quiet_library_logs() -> None:
+    """quiet_library_imports' filters alone, importing nothing: train_2048 sets them before `import unsloth`, which
+    imports bitsandbytes itself and must come before anything that starts CUDA (bitsandbytes' import does)."""
+    warnings.filterwarnings("ignore", category=SyntaxWarning)
+    bnb_cpu_log = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    if not any(getattr(f, "__name__", "") == "_no_hub_kernel_warning" for f in bnb_cpu_log.filters):
+        bnb_cpu_log.addFilter(_no_hub_kernel_warning)
 
 
 _MISSING = object()
@@ -129,6 +135,25 @@ def not_a_model(path: str) -> str | None:
             base = None
         return f"it holds LoRA adapters, not a model (their base model: {base or 'not named'})"
     return "no config.json there, so not a model folder (one holds config.json, the weights and the tokenizer)"
+
+
+def decide_offload(requested: bool | None, load_in_4bit: bool) -> tuple[bool, str]:
+    """offload_embedding for Unsloth's loader, and why, in words for the console; asked once CUDA is up. The user's
+    value (a flag or a YAML key) stands. Unset, the GPU decides: an integrated one (a DGX Spark's GB10) shares its
+    memory with the CPU, so "CPU memory" frees nothing there and each embedding lookup becomes small pageable copies;
+    on a discrete card the offload frees ~1 GB (GPT-OSS's 201088 x 2880 embedding), which the 4-bit path, made for
+    cards under 48 GB, takes (the public notebook's choice) and the 16-bit one, on a card with room, does not."""
+    import torch
+
+    integrated = bool(getattr(torch.cuda.get_device_properties(0), "is_integrated", 0))  # Unsloth trains on one GPU
+    gpu = "an integrated GPU (CPU and GPU share one memory)" if integrated else "a discrete GPU"
+    if requested is not None:
+        cost = ": it frees nothing there and slows each step" if requested and integrated else ""
+        return requested, f"as set (a flag or the preset), on {gpu}{cost}"
+    if integrated:
+        return False, f"decided by the GPU: {gpu}, where it would free nothing and slow each step"
+    weights = "4-bit" if load_in_4bit else "16-bit"
+    return load_in_4bit, f"decided by the GPU: {gpu} with {weights} weights (on with 4-bit ones, off with 16-bit)"
 
 
 def _load_unsloth(path, model_args, trainable, max_seq_length, offload_embedding):

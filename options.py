@@ -38,7 +38,9 @@ REAL_GPT_OSS = re.compile(r"gpt-oss-(20|120)b", re.I)  # checkpoints no CPU can 
 # Unsloth (2026.10.9) writes mxfp4 through llm-compressor, which runs with transformers up to this version only
 # (unsloth/save.py, _LLM_COMPRESSOR_MAX_TRANSFORMERS; tests/unsloth checks it): above it the save fails after training.
 MXFP4_MAX_TRANSFORMERS = "4.57.6"
-MAX_STEP_SECONDS = 3600  # no preset's GRPO step comes near an hour (GPT-OSS-20B on a DGX Spark: ~90 s)
+# No preset's GRPO step comes near an hour: the slowest, the default on a DGX Spark, is ~300-500 s (an estimate from
+# a public GB10 run's 85-142 s at 200-300 tokens, 1ou2/gpt-2048: docs/PERF.md, README's preset table).
+MAX_STEP_SECONDS = 3600
 log = logging.getLogger("train_2048")
 
 
@@ -156,7 +158,7 @@ RANGES = {
 # Options of our own with no range to check, and why.
 NO_RANGE = {
     "backend": "one of its choices (argparse refuses others)",
-    "offload_embedding": "true or false",
+    "offload_embedding": "true or false, or unset (decided by the GPU)",
     "warm_start": "true or false",
     "resume": "auto or a checkpoint: run_folder.resume_point checks the checkpoint",
     "overwrite_output_dir": "true or false",
@@ -353,8 +355,13 @@ class ScriptArguments:
         },
     )
     max_seq_length: int = field(default=1536, metadata={"help": "Longest prompt + completion (Unsloth)."})
-    offload_embedding: bool = field(
-        default=False, metadata={"help": "Keep the embedding matrix in CPU memory (Unsloth, saves ~1 GB)."}
+    offload_embedding: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Keep the embedding matrix in CPU memory (Unsloth; saves ~1 GB of GPU memory). Unset: decided by "
+            "the GPU (models.decide_offload): off on an integrated GPU (DGX Spark: CPU and GPU share one memory, so it "
+            "saves nothing and costs time), else on with 4-bit weights, off with 16-bit ones."
+        },
     )
     dataset_size: int = field(default=1000, metadata={"help": "Rows of the prompt dataset (the same prompt)."})
     warm_start: bool = field(

@@ -147,12 +147,30 @@ def shutdown() -> None:
 
 def walls() -> dict:
     """The OS walls the children get here, starting the server if needed: {"seccomp": bool, "reason": why not,
-    "drops_root": whether they change to a user of their own (only when this process is root)}. Callers that
-    require seccomp check this once at start, so a missing libseccomp is one clear line, not a failed batch."""
+    "drops_root": whether they change to a user of their own (only when this process is root), "root": whether this
+    process is root, "wrap": the command the server runs under (TRAIN2048_SANDBOX_WRAP), or ""}. Callers that require
+    seccomp check this once at start, so a missing libseccomp is one clear line, not a failed batch."""
     with _lock:
         if _server is None or not _server.alive():
             _start_locked()
-        return {"seccomp": _server.seccomp, "reason": _server.seccomp_reason, "drops_root": _server.drops_root}
+        return {"seccomp": _server.seccomp, "reason": _server.seccomp_reason, "drops_root": _server.drops_root,
+                "root": _server.root_user, "wrap": _server.wrap}  # fmt: skip
+
+
+def describe_walls(walls: dict) -> str:
+    """walls() in one line, for the start of a run: which walls are on here, and why one is not."""
+    if walls["seccomp"]:
+        seccomp = "seccomp allowlist on (a step outside the process kills the child, scored as cheating)"
+    else:
+        seccomp = f"seccomp OFF ({walls['reason']}): a step outside the process is neither stopped nor seen"
+    if walls["drops_root"]:
+        user = "each strategy runs as a user of its own (this process is root)"
+    elif walls["root"]:
+        user = "strategies keep root (the change of user is switched off)"
+    else:
+        user = f"no change of user (only root can switch users): strategies run as this user, uid {os.geteuid()}"
+    wrap = f"the server runs under `{walls['wrap']}`" if walls["wrap"] else "no outer wrap (TRAIN2048_SANDBOX_WRAP)"
+    return f"sandbox walls: {seccomp}; {user}; {wrap}; always: sessions of their own, rlimits, deadlines"
 
 
 def play(
@@ -309,13 +327,15 @@ def _warn_no_seccomp(reason: str) -> None:
 class _Server:
     """Handle on the fork server: its process, control socket and temp root (also its marker)."""
 
-    def __init__(self, proc, ctl, root, hello):
+    def __init__(self, proc, ctl, root, hello, wrap: str = ""):
         self.proc, self.ctl, self.root = proc, ctl, root
         self.pid = proc.pid
         self.owner = os.getpid()  # a forked copy of the trainer must not drive or stop our server
         self.seccomp = bool(hello["seccomp"])
         self.seccomp_reason = hello.get("reason") or ""
         self.drops_root = bool(hello["drops_root"])  # children run as another user (we are root)
+        self.root_user = bool(hello["root"])
+        self.wrap = wrap  # the outer command it runs under (TRAIN2048_SANDBOX_WRAP), as a shell line
 
     def alive(self) -> bool:
         return self.owner == os.getpid() and self.proc.poll() is None
@@ -374,7 +394,8 @@ def _start_locked() -> None:
     switches = _test_switches or {"seccomp": True, "drop_root": True}
     argv = [sys.executable, "-s", "-P", "-c", _BOOT, here, str(theirs.fileno()), root, json.dumps(switches)]
     # Optional outer jail for the whole server (e.g. bubblewrap with namespaces): see docs/SECURITY.md.
-    argv = shlex.split(os.environ.get("TRAIN2048_SANDBOX_WRAP", "")) + argv
+    wrap = shlex.split(os.environ.get("TRAIN2048_SANDBOX_WRAP", ""))
+    argv = wrap + argv
     try:
         proc = subprocess.Popen(
             argv,
@@ -399,7 +420,7 @@ def _start_locked() -> None:
         proc.wait()
         shutil.rmtree(root, ignore_errors=True)
         raise SandboxError(f"sandbox server failed to start: {exc}") from exc
-    server = _Server(proc, ours, root, hello)
+    server = _Server(proc, ours, root, hello, shlex.join(wrap))
     if hello["root"] and not hello["drops_root"] and switches["drop_root"]:
         server.stop()
         raise SandboxError(

@@ -3,9 +3,9 @@
 #   bash setup.sh            # GPU set when an NVIDIA GPU is visible (DGX Spark, H100, ...), else the CPU set
 #   bash setup.sh --cpu      # force the CPU set (the CPU demo, tests, CI)
 #   bash setup.sh --dry-run  # print the commands it would run, one per line, and run none of them
-# Environment: PYTHON (default python3), TORCH_INDEX_URL (where the CUDA torch comes from; default PyPI,
-# whose torch >= 2.11 wheels are CUDA 13.0 builds, or e.g. https://download.pytorch.org/whl/cu130),
-# TORCH_VERSION (default 2.13.0), TRAIN2048_VENV (default .venv).
+# Environment: PYTHON (default python3), TORCH_INDEX_URL (where the CUDA torch and torchvision come from; default
+# PyPI, whose torch >= 2.11 wheels are CUDA 13.0 builds, or e.g. https://download.pytorch.org/whl/cu126), TORCH_VERSION
+# (default 2.13.0, with torchvision 0.28.0; another picks its own torchvision), TRAIN2048_VENV (default .venv).
 # Detection can be faked, for tests: TRAIN2048_FAKE_GPU_NAME ("" = no GPU), TRAIN2048_FAKE_COMPUTE_CAP,
 # TRAIN2048_FAKE_ARCH, TRAIN2048_FAKE_CUDA, TRAIN2048_FAKE_HAVE_UV (0/1), TRAIN2048_FAKE_HAVE_VENV (0/1).
 set -euo pipefail
@@ -25,6 +25,9 @@ done
 venv=${TRAIN2048_VENV:-.venv}
 python=${PYTHON:-python3}
 torch_version=${TORCH_VERSION:-2.13.0}
+# torchvision 0.28.0 is the one built for torch 2.13.0 (its metadata on PyPI: Requires-Dist torch==2.13.0); for another
+# torch, the installer picks the torchvision that requires it, from the same index.
+if [ "$torch_version" = 2.13.0 ]; then torchvision=torchvision==0.28.0; else torchvision=torchvision; fi
 
 say() { echo "setup.sh: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -158,20 +161,21 @@ case "$arch" in
   *) die "no CUDA torch wheels for a $arch machine; use an x86_64 or aarch64 one" ;;
 esac
 
-# PyPI's torch wheels are CUDA 13.0 builds, which need a driver that supports CUDA 13 (R580 or newer).
+# PyPI's torch wheels are CUDA 13.0 builds, which need a driver that supports CUDA 13 (R580 or newer). torch 2.13's
+# only other builds are PyTorch's CUDA 12.6 ones (2.12 dropped cu128): a driver for CUDA 12.6 to 12.9 gets those.
 index_url=${TORCH_INDEX_URL:-}
 cuda_major=${cuda%%.*}
 cuda_minor=0
 if [[ $cuda == *.* ]]; then cuda_minor=${cuda#*.}; cuda_minor=${cuda_minor%%.*}; fi
 if [ -z "$index_url" ] && [ -n "$cuda" ] && [ "$cuda_major" -lt 13 ]; then
-  if [ "$cuda_major" -eq 12 ] && [ "$cuda_minor" -ge 8 ]; then
-    index_url=https://download.pytorch.org/whl/cu128
-    say "the driver supports CUDA $cuda, not 13: taking torch's CUDA 12.8 build from $index_url"
+  if [ "$cuda_major" -eq 12 ] && [ "$cuda_minor" -ge 6 ]; then
+    index_url=https://download.pytorch.org/whl/cu126
+    say "the driver supports CUDA $cuda, not 13: taking torch's and torchvision's CUDA 12.6 builds from $index_url"
     say "(a driver update to R580+ gives the CUDA 13 build; TORCH_INDEX_URL=... picks another index)"
   else
-    die "the driver supports CUDA $cuda; setup.sh knows torch's CUDA 13 build (driver R580+) and its CUDA 12.8" \
-      "build. Update the NVIDIA driver, or choose a build yourself, e.g." \
-      "TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 TORCH_VERSION=<one it has> bash setup.sh"
+    die "the NVIDIA driver supports CUDA $cuda; setup.sh takes torch's CUDA 13.0 build (driver R580+) or its CUDA" \
+      "12.6 one (R560+): update the driver, or name a build for it yourself:" \
+      "TORCH_INDEX_URL=https://download.pytorch.org/whl/cuXYZ TORCH_VERSION=<a torch it has> bash setup.sh"
   fi
 fi
 
@@ -193,18 +197,20 @@ if [ -x "$py" ] && "$py" -c 'import sys, torch; sys.exit(torch.version.cuda is n
   uninstall torch
 fi
 
-# 1. the CUDA torch, alone and first; checked before the multi-GB rest is fetched.
+# 1. the CUDA torch and torchvision (Unsloth imports it, and it refuses a torch built for another CUDA major), alone,
+# first and from the same index; checked before the multi-GB rest is fetched.
 index=()
 if [ -n "$index_url" ]; then index=(--index-url "$index_url"); fi
-install "${index[@]}" "torch==$torch_version"
-is_cuda_build='import sys, torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}"); sys.exit(torch.version.cuda is None)'
+install "${index[@]}" "torch==$torch_version" "$torchvision"
+is_cuda_build='import sys, torch, torchvision; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "'
+is_cuda_build+='f"torchvision {torchvision.__version__}"); sys.exit(torch.version.cuda is None)'
 run "$py" -c "$is_cuda_build" || die "torch $torch_version is a CPU build; set TORCH_INDEX_URL to a CUDA index" \
   "(https://download.pytorch.org/whl/cu130) and run setup.sh again"
 
-# 2. the GPU set (Unsloth, bitsandbytes, transformers, TRL, ...) with torch held at the installed build:
-# the constraint file makes the installer fail rather than swap torch for another build.
+# 2. the GPU set (Unsloth, bitsandbytes, transformers, TRL, ...) with torch and torchvision held at the installed
+# builds: the constraint file makes the installer fail rather than swap either for another build.
 pin=$venv/torch-constraint.txt
-run_to "$pin" "$py" -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))'
+run_to "$pin" "$py" -c 'import importlib.metadata as m; print("\n".join(f"{d}=={m.version(d)}" for d in ("torch", "torchvision")))'
 install -c "$pin" -r requirements.txt
 
 # 3. xformers: wheels exist for x86_64 only, each built for one torch version and CUDA (the constraint
@@ -215,16 +221,16 @@ if [ "$arch" = x86_64 ]; then
     say "WARNING: no xformers wheel for torch $torch_version; Unsloth runs without it"
 fi
 
-# 4. GB10 (DGX Spark): flash-attn has no sm_121 build and breaks xformers' import, and Triton <= 3.5's own
-# ptxas rejects sm_121a; the exports go to a file that `source` adds to the shell.
+# 4. GB10 (DGX Spark): flash-attn has no sm_121 build and breaks xformers' import; extensions built from source must
+# target sm_121a (the export goes to a file that `source` adds to the shell). No TRITON_PTXAS_PATH: torch 2.13's
+# Triton 3.7 picks its own Blackwell ptxas for sm_121a and ignores it (NGC 25.11's Triton 3.5 needs it: the Dockerfile).
 if [ "$gb10" = 1 ]; then
   if [ "$dry_run" = 1 ] || "$py" -c 'import importlib.metadata as m; m.version("flash-attn")' 2>/dev/null; then
     uninstall flash-attn
   fi
   env_file=$venv/gb10.env
-  run_to "$env_file" printf '%s\n' '# DGX Spark (GB10, sm_121): source this file before training' \
-    "export TRITON_PTXAS_PATH=${CUDA_HOME:-/usr/local/cuda}/bin/ptxas" \
-    'export TORCH_CUDA_ARCH_LIST=12.1a'
+  run_to "$env_file" printf '%s\n' '# DGX Spark (GB10, sm_121): source this file before building or training' \
+    'export TORCH_CUDA_ARCH_LIST=12.1a  # extensions built from source (train_2048.py sets it for itself)'
   say "GB10: run 'source $env_file' in each shell before training"
 fi
 

@@ -62,15 +62,22 @@ def compare_adapters(model, checkpoint: Path) -> None:
 
 
 def prepare_cuda() -> None:
-    """DGX Spark (GB10, compute capability 12.1) needs a ptxas that knows sm_121a; Triton's bundled one may not."""
+    """DGX Spark (GB10, compute capability 12.1), asked once CUDA is up (after `import unsloth`): extensions built from
+    source target sm_121a, and a Triton up to 3.5 (NGC 25.11's) gets the CUDA toolkit's ptxas, as its own rejects
+    sm_121a; Triton 3.6 and later (torch >= 2.11) use their own Blackwell ptxas and ignore TRITON_PTXAS_PATH."""
     import torch
 
     if torch.cuda.get_device_capability() != (12, 1):
         return
-    ptxas = "/usr/local/cuda/bin/ptxas"
-    if "TRITON_PTXAS_PATH" not in os.environ and os.path.exists(ptxas):
-        os.environ["TRITON_PTXAS_PATH"] = ptxas
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "12.1a")
+    try:
+        import triton
+
+        old_triton = tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 6)
+    except (ImportError, ValueError):
+        old_triton = False
+    if old_triton and os.path.exists("/usr/local/cuda/bin/ptxas"):
+        os.environ.setdefault("TRITON_PTXAS_PATH", "/usr/local/cuda/bin/ptxas")
     if importlib.util.find_spec("flash_attn") is not None:
         log.warning(
             "flash-attn is installed: it has no GB10 (sm_121) build and breaks xformers; pip uninstall flash-attn"
@@ -123,13 +130,17 @@ def load_policy(script_args, training_args, model_args, backend: str, prompt: st
         with state.main_process_first():
             built = demo_data.build_tiny_model(output_dir / "tiny-model", demo_data.corpus(prompt), training_args.seed)
         model_name = str(built)
+    offload = bool(script_args.offload_embedding)
+    if backend == "unsloth":  # only Unsloth's loader offloads
+        offload, why = models.decide_offload(script_args.offload_embedding, model_args.load_in_4bit)
+        log.info(f"offload_embedding {str(offload).lower()}: {why}")
     model, tokenizer = models.load_model(
         model_name,
         model_args,
         backend=backend,
         trainable=True,
         max_seq_length=script_args.max_seq_length,
-        offload_embedding=script_args.offload_embedding,
+        offload_embedding=offload,
         seed=training_args.seed,
         gradient_checkpointing=training_args.gradient_checkpointing,
         trust_remote_code=training_args.trust_remote_code,
@@ -222,14 +233,16 @@ def game_salt(settings, checkpoint: Path | None, state) -> str:
 
 
 def train(argv: list[str], backend: str, cuda: bool) -> int:
-    """The steps of a run, in order. Order rules: Unsloth is imported before trl (it patches it); every option is
-    checked before anything is written; the folder is held (its lock, its record) before anything is written there;
-    the model is deleted from here once the trainer holds it, so the save step can release it."""
-    models.quiet_library_imports()  # before unsloth and trl, which import bitsandbytes
+    """The steps of a run, in order. Order rules: Unsloth is imported first (it patches trl, transformers and peft,
+    and its CUDA allocator setting for GB10 counts only if nothing started CUDA before: importing bitsandbytes does);
+    every option is checked before anything is written; the folder is held (its lock, its record) before anything is
+    written there; the model is deleted from here once the trainer holds it, so the save step can release it."""
+    if backend == "unsloth":
+        models.quiet_library_logs()
+        import unsloth  # noqa: F401
+    models.quiet_library_imports()  # before trl, which imports bitsandbytes
     if cuda:
         prepare_cuda()
-    if backend == "unsloth":
-        import unsloth  # noqa: F401  (it patches trl, transformers and peft, so it comes before them)
     try:
         plan = options.plan(argv, backend, description=__doc__)
     except options.OptionError as exc:
@@ -287,6 +300,7 @@ def announce(plan, state) -> None:
     """The run's first lines: what trains where, the notes of the checks, what a resume continues."""
     log.info(f"train_2048: {plan.model_args.model_name_or_path} on the {plan.backend} backend, writing to "
              f"{plan.output_dir}")  # fmt: skip
+    log.info(sandbox.describe_walls(sandbox.walls()))  # what a strategy the model writes can reach here
     for note in plan.notes:
         log.warning(note)
     if plan.merge_source is not None:

@@ -21,7 +21,7 @@ request).
     python bench/gpu_check.py --tokenizer_dir gpt-oss-tokenizer          # a saved tokenizer, on a machine without it
     python bench/gpu_check.py --model unsloth/gpt-oss-20b --steps 10     # the real model (a download)
     python bench/gpu_check.py ... -- --fast_generation true              # anything after -- goes to train_2048.py
-    python bench/gpu_check.py --geometry 20b --workdir /dev/shm/w --build_only   # the model alone, for later runs
+    python bench/gpu_check.py --geometry 20b --workdir /tmp/w --build_only      # the model alone, for later runs
 
 Random weights rarely emit EOS, so every completion runs to max_completion_length: the worst case for step time.
 They also give every completion the same reward, so training leaves LoRA B at zero and a merged save would merge
@@ -30,8 +30,9 @@ real run's size (ADAPTER_SHARE), and the merged rows say whether the merge is ri
 adapters (merge_2048.py's line and merge_report.json, in the --json results as "merge"). The split 4-bit layout is built
 by the code the tests' Unsloth tier builds its checkpoint with (quantize_split, there on the CPU), and trains through
 Unsloth's own loader as there; merged_16bit on it is refused at startup (Unsloth merges into 16-bit weights only).
-The full 20B geometry takes 42 GB on disk (--workdir; /dev/shm is fastest) and a merged_16bit save 42 GB more; its split
-4-bit copy ~12 GB more, written through a 16-bit split copy in --scratch (default: the workdir), removed after.
+The full 20B geometry takes 42 GB on disk (--workdir; /dev/shm is fastest, but not beside an integrated GPU such as a DGX
+Spark's, whose memory it is) and a merged_16bit save 42 GB more; its split 4-bit copy ~12 GB more, written through a
+16-bit split copy in --scratch (default: the workdir), removed after.
 Exit status: 0 when the run and every save check passed, 1 otherwise, 2 on bad arguments or without a GPU.
 """
 
@@ -289,10 +290,11 @@ def prompt_tokens(tokenizer) -> int:
 
 
 class GPUSampler:
-    """nvidia-smi's utilisation and memory, twice a second, in the background."""
+    """nvidia-smi's utilisation and memory, twice a second, in the background. On an integrated GPU (a DGX Spark's
+    GB10) nvidia-smi says N/A for memory: the utilisation is kept, and torch's own peak (peak_memory_gb) is the figure."""
 
     def __init__(self):
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[tuple[float, float | None]] = []
         self.proc = None
         if shutil.which("nvidia-smi"):
             query = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"]
@@ -301,11 +303,11 @@ class GPUSampler:
 
     def read(self):
         for line in self.proc.stdout:
+            util, _, memory = line.partition(",")
             try:
-                util, memory = (float(x) for x in line.split(","))
+                self.samples.append((float(util), None if "N/A" in memory else float(memory)))
             except ValueError:
                 continue
-            self.samples.append((util, memory))
 
     def stop(self) -> dict:
         if self.proc is not None:
@@ -313,9 +315,9 @@ class GPUSampler:
             self.proc.wait()
         if not self.samples:
             return {}
-        utils = [u for u, _ in self.samples]
+        utils, memory = [u for u, _ in self.samples], [m for _, m in self.samples if m is not None]
         return {"gpu_util_median": statistics.median(utils), "gpu_util_mean": statistics.fmean(utils),
-                "gpu_memory_max_mib": max(m for _, m in self.samples)}  # fmt: skip
+                "gpu_memory_max_mib": max(memory) if memory else None}  # fmt: skip
 
 
 def summarise(out: Path, skip: int) -> dict:

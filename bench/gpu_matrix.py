@@ -22,8 +22,8 @@ process of the call is stopped (SIGSTOP to its process group, SIGCONT after). Wi
 no longer fits is skipped and named, and whatever still runs at the end is stopped. Each item prints its result line as
 it ends; the call ends with its targets table. Results go to a new folder (--out): callN.log (this console),
 callN-results.json, callN-targets.md, logs/ (each item's output) and callN-logs.tar.gz (those, with each run's
-training.log and metrics.jsonl). The models are built in --work (or /dev/shm when it has 50 GB free) and kept there
-for the next run. Exit status: 0 when every item passed, 1 otherwise, 2 on bad arguments.
+training.log and metrics.jsonl). The models are built in --work (or /dev/shm when it has 50 GB free and the GPU is not
+an integrated one, whose memory /dev/shm is) and kept there for the next run. Exit status: 0 when every item passed, 1 otherwise, 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import math
 import os
@@ -145,11 +146,25 @@ def places(out: Path, work: Path, cpu: bool) -> Places:
 
 
 def big_folder(work: Path) -> Path:
-    """/dev/shm when it holds the largest call's models (24 layers fused: 42 GB, and room), else the work folder."""
+    """/dev/shm when it holds the largest call's models (24 layers fused: 42 GB, and room), else the work folder. Never
+    beside an integrated GPU: there /dev/shm is the memory the GPU trains in (a DGX Spark's 128 GB, shared), and 20-35
+    GB of models in it would be taken from the runs they are built for."""
     with contextlib.suppress(OSError):
-        if shutil.disk_usage("/dev/shm").free >= 50 * 2**30:
+        if shutil.disk_usage("/dev/shm").free >= 50 * 2**30 and not integrated_gpu():
             return Path("/dev/shm/gpu-matrix")
     return work / "20b"
+
+
+@functools.cache
+def integrated_gpu() -> bool:
+    """Whether the GPU shares its memory with the CPU, as torch says (`is_integrated`), asked in a process of its own:
+    this one never starts CUDA, so its items have the GPU to themselves."""
+    code = "import torch; print(int(torch.cuda.is_available() and torch.cuda.get_device_properties(0).is_integrated))"
+    try:
+        said = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return said[-1:] == ["1"]
 
 
 def gpu_check(p: Places, *args, run: list[str] = (), tokenizer: list[str] | None = None) -> list[str]:
@@ -165,9 +180,12 @@ def model_name(p: Places, layers: int, split: bool = False) -> str:
     return f"gpt-oss-{geometry}-{layers}" + ("-demo-tokenizer" if p.cpu else "") + ("-split-4bit" if split else "")
 
 
+# nvidia-smi's memory.total is N/A on an integrated GPU (a DGX Spark's GB10): torch says what CUDA can use there too.
 MACHINE = (
     "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', "
-    "torch.version.cuda, torch.cuda.get_device_name(0))"
+    "torch.version.cuda, torch.cuda.get_device_name(0)); free, total = torch.cuda.mem_get_info(); "
+    "print(f'GPU memory (torch): {free / 2**30:.1f} of {total / 2**30:.1f} GiB free, integrated: '"
+    "f'{bool(torch.cuda.get_device_properties(0).is_integrated)}')"
 )
 
 
@@ -900,7 +918,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="the results folder, new or empty (default: a new folder under "
                         "outputs/gpu-check/)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-matrix"), help="where the models are built and "
-                        "the runs go, kept for the next run (default: /tmp/gpu-matrix; /dev/shm with 50 GB free)")
+                        "the runs go, kept for the next run (default: /tmp/gpu-matrix; /dev/shm with 50 GB free, beside a discrete "
+                        "GPU)")
     parser.add_argument("--doc", type=Path, default=DOC, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.call is not None and args.call not in CALLS:

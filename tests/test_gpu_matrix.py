@@ -109,6 +109,64 @@ def test_the_machine_is_made_ready_from_the_carried_files_where_they_are_else_fr
     assert (gpu_matrix.ROOT / "bench" / "gpu_set.sh").exists()
 
 
+FAKE_TORCH = """
+import types
+version = types.SimpleNamespace(cuda="13.0")
+__version__ = "2.13.0"
+class cuda:
+    is_available = staticmethod(lambda: True)
+    get_device_name = staticmethod(lambda i=0: "NVIDIA GB10")
+    get_device_properties = staticmethod(lambda i=0: types.SimpleNamespace(is_integrated={integrated}))
+    mem_get_info = staticmethod(lambda: (100 * 2**30, 119.7 * 2**30))
+"""
+
+
+def stand_in_torch(tmp_path, monkeypatch, integrated: int) -> None:
+    """A `torch` that answers as a GB10 (integrated) or an H100 would, first on the path of every process started."""
+    (tmp_path / "torch").mkdir(exist_ok=True)
+    (tmp_path / "torch" / "__init__.py").write_text(FAKE_TORCH.format(integrated=integrated))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    gpu_matrix.integrated_gpu.cache_clear()  # the answer is kept per process: ask again
+
+
+@pytest.mark.parametrize("integrated", [1, 0])
+def test_the_models_stay_out_of_dev_shm_beside_an_integrated_gpu(tmp_path, monkeypatch, integrated):
+    """/dev/shm is the fastest place for the 20-35 GB of models, but beside a DGX Spark's GB10 it is the same memory the
+    GPU trains in: there they go to the work folder, whatever /dev/shm has free. torch is asked in a process of its
+    own (the check's own process never starts CUDA)."""
+    stand_in_torch(tmp_path, monkeypatch, integrated)
+    free = type("Usage", (), {"free": 100 * 2**30})
+    monkeypatch.setattr(gpu_matrix.shutil, "disk_usage", lambda path: free)
+    try:
+        assert gpu_matrix.integrated_gpu() is bool(integrated)
+        expected = tmp_path / "work" / "20b" if integrated else Path("/dev/shm/gpu-matrix")
+        assert gpu_matrix.big_folder(tmp_path / "work") == expected
+    finally:
+        gpu_matrix.integrated_gpu.cache_clear()
+
+
+def test_the_machine_item_says_the_gpus_memory_as_torch_sees_it(tmp_path, monkeypatch):
+    """nvidia-smi's memory.total is N/A on a GB10: the machine's description also says torch's free and total memory,
+    and whether the GPU is integrated."""
+    stand_in_torch(tmp_path, monkeypatch, 1)
+    said = subprocess.run([sys.executable, "-c", gpu_matrix.MACHINE], capture_output=True, text=True, timeout=60)
+    assert said.returncode == 0, said.stderr
+    assert "GPU memory (torch): 100.0 of 119.7 GiB free, integrated: True" in said.stdout
+
+
+def test_gpu_utilisation_is_kept_where_nvidia_smi_says_memory_is_na(monkeypatch):
+    """On a GB10 nvidia-smi answers `45, [N/A]`: the utilisation samples count, the memory is left to torch's peak."""
+    import gpu_check
+
+    monkeypatch.setattr(gpu_check.shutil, "which", lambda name: None)  # no nvidia-smi started here
+    for lines, memory in ((["45, [N/A]\n", "55, [N/A]\n"], None), (["45, 1000\n", "55, 3000\n"], 3000.0)):
+        sampler = gpu_check.GPUSampler()
+        sampler.proc = type("Proc", (), {"stdout": lines, "terminate": lambda self: None, "wait": lambda self: 0})()
+        sampler.read()
+        said = sampler.stop()
+        assert said["gpu_util_median"] == 50 and said["gpu_memory_max_mib"] == memory
+
+
 def test_the_simulated_plan_runs_windows_one_at_a_time_and_the_rest_side_by_side():
     def item(id_, estimate, window=0.0, needs=()):
         return gpu_matrix.Item(id_, id_, ["true"], "suite", estimate, window_s=window, needs=needs)

@@ -127,8 +127,8 @@ def test_h100_x86_64(tmp_path):
     venv = tmp_path / "venv"
     py = f"{venv}/bin/python"
     pin = f"{venv}/torch-constraint.txt"
-    torch = find(lines, f"{py} -m pip install torch==2.13.0")
-    assert "--index-url" not in lines[torch]  # PyPI's torch >= 2.11 is the CUDA 13.0 build
+    torch = find(lines, f"{py} -m pip install torch==2.13.0 torchvision==0.28.0")
+    assert "--index-url" not in lines[torch]  # PyPI's torch >= 2.11 is the CUDA 13.0 build, its torchvision too
     check_torch = find(lines, "torch.version.cuda is None")
     write_pin = find(lines, f"> {pin}")
     gpu_set = find(lines, f"-c {pin} -r requirements.txt")
@@ -153,13 +153,15 @@ def test_gb10_aarch64(tmp_path):
     venv.mkdir()
     subprocess.run(["bash", "-c", lines[write_env]], check=True, timeout=30)
     env_file = (venv / "gb10.env").read_text()
-    assert "export TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas" in env_file
     assert "export TORCH_CUDA_ARCH_LIST=12.1a" in env_file
+    # torch 2.13's Triton 3.7.1 (torch's own metadata: triton==3.7.1) uses its bundled Blackwell ptxas for sm_121a and
+    # ignores TRITON_PTXAS_PATH: the file no longer sets it (the Docker image's Triton 3.5 does need it: its ENV)
     sourced = subprocess.run(
-        ["bash", "-c", f'source {venv}/gb10.env && echo "$TRITON_PTXAS_PATH $TORCH_CUDA_ARCH_LIST"'],
-        capture_output=True, text=True, check=True, timeout=30,
+        ["bash", "-c", f'source {venv}/gb10.env && echo "${{TRITON_PTXAS_PATH:-unset}} $TORCH_CUDA_ARCH_LIST"'],
+        capture_output=True, text=True, check=True, timeout=30, env={"PATH": os.environ["PATH"]},
     )  # fmt: skip
-    assert sourced.stdout.split() == ["/usr/local/cuda/bin/ptxas", "12.1a"]
+    assert sourced.stdout.split() == ["unset", "12.1a"]
+    assert "TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas" in DOCKERFILE.read_text()
 
 
 def test_gb10_recognised_by_compute_capability_alone(tmp_path):
@@ -209,17 +211,42 @@ def test_an_existing_venv_is_kept_and_its_cpu_torch_replaced(tmp_path):
     assert "uninstall -y torch" not in "\n".join(plan(tmp_path, **H100, **NO_UV))
 
 
-def test_driver_for_cuda_12_8_gets_the_cu128_build(tmp_path):
-    lines = plan(tmp_path, **(H100 | {"TRAIN2048_FAKE_CUDA": "12.8"}), **NO_UV)
-    url = "--index-url https://download.pytorch.org/whl/cu128"
-    find(lines, url, "torch==2.13.0")
-    find(lines, url, "xformers")  # xformers built for the same CUDA as torch
+# Every driver docs/GPU.md names, and the one below: torch 2.13.0's builds are CUDA 13.0 (PyPI's, and PyTorch's cu130
+# index) and CUDA 12.6 (PyTorch's cu126 index); 2.12 dropped cu128. torchvision 0.28.0 is the one built for torch
+# 2.13.0 (its PyPI metadata: Requires-Dist torch==2.13.0; PyPI's is +cu130) and must come from torch's own index: it
+# refuses at import a torch built for another CUDA major, and Unsloth imports it.
+@pytest.mark.parametrize("cuda, index", [("13.0", None), ("13.1", None), ("12.9", "cu126"), ("12.8", "cu126"),
+                                         ("12.6", "cu126")])  # fmt: skip
+@pytest.mark.parametrize("uv", [False, True])
+def test_each_driver_gets_torch_and_torchvision_from_one_index_that_has_them(tmp_path, cuda, index, uv):
+    lines = plan(tmp_path, **(H100 | {"TRAIN2048_FAKE_CUDA": cuda}), **(UV if uv else NO_UV))
+    torch = find(lines, "install", "torch==2.13.0")
+    words = lines[torch].split()
+    assert "torchvision==0.28.0" in words and not [w for w in words if w.startswith(("torch", "torchvision")) and
+                                                    w not in ("torch==2.13.0", "torchvision==0.28.0")]  # fmt: skip
+    if index is None:
+        assert "--index-url" not in "\n".join(lines)
+    else:
+        url = f"--index-url https://download.pytorch.org/whl/{index}"
+        assert url in lines[torch]
+        assert url in lines[find(lines, "xformers")]  # xformers built for the same CUDA as torch
+    pin = find(lines, "torch-constraint.txt", "m.version")  # torch and torchvision held while the rest installs
+    assert '("torch", "torchvision")' in lines[pin] and torch < pin < find(lines, "-r requirements.txt")
 
 
-def test_driver_too_old_fails_with_the_fix(tmp_path):
-    result = setup_sh(tmp_path, "--dry-run", **(H100 | {"TRAIN2048_FAKE_CUDA": "12.2"}))
+@pytest.mark.parametrize("cuda", ["12.5", "12.2", "11.8"])
+def test_driver_too_old_fails_in_one_line_with_the_fix(tmp_path, cuda):
+    result = setup_sh(tmp_path, "--dry-run", **(H100 | {"TRAIN2048_FAKE_CUDA": cuda}))
     assert result.returncode == 1 and result.stdout == ""
-    assert "driver" in result.stderr and "TORCH_INDEX_URL=" in result.stderr
+    refusal = [line for line in result.stderr.splitlines() if "driver" in line]
+    assert len(refusal) == 1 and f"CUDA {cuda}" in refusal[0] and "R580" in refusal[0] and "R560" in refusal[0]
+    assert "TORCH_INDEX_URL=" in refusal[0] and refusal[0] == result.stderr.splitlines()[-1]
+
+
+def test_another_torch_version_gets_the_torchvision_built_for_it(tmp_path):
+    lines = plan(tmp_path, **(H100 | {"TRAIN2048_FAKE_CUDA": "12.8"}), **NO_UV, TORCH_VERSION="2.12.1")
+    words = lines[find(lines, "install", "torch==2.12.1")].split()
+    assert "torchvision" in words and "--index-url" in words  # the installer picks it, from torch's index
 
 
 def test_torch_index_url_and_version_overrides(tmp_path):
@@ -297,10 +324,29 @@ def test_hadolint():
 def test_dockerfile_essentials():
     text = DOCKERFILE.read_text()
     assert "ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.11-py3" in text
-    assert 'ENTRYPOINT ["python", "train_2048.py"]' in text
+    # NGC's entrypoint in front of ours (it turns on CUDA forward compatibility for drivers below R580), checked there
+    assert 'ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "python", "train_2048.py"]' in text
+    assert "RUN test -x /opt/nvidia/nvidia_entrypoint.sh" in text
     assert "EXPOSE 6006" in text and "VOLUME" in text and "TARGETARCH" in text
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "outputs"} <= set(ignored)
+
+
+def docker_commands(page: Path) -> list[str]:
+    """The `mkdir` and `docker run` commands of a page's code blocks, continuation lines joined, comments dropped."""
+    text = page.read_text().replace("\\\n", " ")
+    lines = [re.sub(r"\s+#.*$", "", line).strip() for line in text.splitlines()]
+    return [" ".join(line.split()) for line in lines if line.startswith(("mkdir -p ~/.cache", "docker run --gpus"))]
+
+
+def test_readmes_docker_run_is_gpu_mds_with_the_cache_folder_made_first():
+    """dockerd creates a missing bind-mount source owned by root, and the container's --user then cannot write its
+    Hugging Face cache: both pages make the folder first, and give the same command."""
+    readme, gpu = docker_commands(ROOT / "README.md"), docker_commands(ROOT / "docs" / "GPU.md")
+    assert readme == gpu[: len(readme)] and len(readme) == 2
+    mkdir, run = readme
+    assert mkdir.startswith("mkdir -p ~/.cache/huggingface") and "-v ~/.cache/huggingface:/cache/huggingface" in run
+    assert '--user "$(id -u):$(id -g)"' in run
 
 
 def test_dockerfile_splits_requirements_as_intended():

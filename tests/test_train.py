@@ -71,7 +71,7 @@ def test_gpt_oss_preset_is_the_notebook_model_with_seed_001s_batch():
         "up_proj",
         "down_proj",
     }
-    assert (script.max_seq_length, script.offload_embedding, script.warm_start) == (1536, True, False)
+    assert (script.max_seq_length, script.offload_embedding, script.warm_start) == (1536, None, False)  # decided by the GPU
     assert (grpo.learning_rate, grpo.weight_decay, grpo.warmup_steps) == (5e-5, 0.001, 0.1)
     assert grpo.lr_scheduler_type == "linear" and grpo.optim == "adamw_8bit"
     assert (grpo.num_generations, grpo.gradient_accumulation_steps, grpo.max_completion_length) == (8, 4, 1024)
