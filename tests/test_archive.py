@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import evaluation
 import game2048
 import rewards
+import run_folder
 import sandbox
 import strategy_archive
 from strategy_archive import PlayedGame, StrategyArchive
@@ -626,7 +627,11 @@ def test_a_checkpoint_of_an_older_format_still_loads(fmt, saved_state, tmp_path,
 def test_files_are_replaced_only_by_an_archive_that_holds_what_they_show(tmp_path, caplog):
     """Resumed from the checkpoint that wrote them, the archive replaces its files; resumed from an older checkpoint
     (the newer one half-written) or from a damaged one, it knows less than they show: that copy is kept, renamed to
-    a visible folder, and the new one is written beside it."""
+    a visible folder, and the new one is written beside it. The run holds the folder: its record lists the copies, so
+    a resumed archive deletes what an earlier process wrote, and nothing else."""
+    run = run_folder.take(tmp_path)
+    run.start()
+    (tmp_path / ".strategies-1-mine").mkdir()  # a name like a copy's, the user's
     archive = new_archive(tmp_path)
     archive.rewards = wired(archive)
     train_step(archive, [fenced(CORNER), fenced(CYCLE)], step=1)
@@ -664,6 +669,8 @@ def test_files_are_replaced_only_by_an_archive_that_holds_what_they_show(tmp_pat
     (link / "index.json").unlink()
     kept_when_resumed(older, 5)  # an index that cannot be read: nothing to vouch for the copy
     assert len([p for p in tmp_path.iterdir() if p.name.startswith(strategy_archive.FOLDER + "-")]) == 3
+    assert (tmp_path / ".strategies-1-mine").is_dir()
+    run.release()
 
 
 def test_its_tensorboard_panel_comes_at_every_log_with_current_counts(archive, tmp_path):
