@@ -648,6 +648,9 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
     problem = models.not_a_model(model_name) if model_name != demo_data.TINY else None
     if problem:
         raise OptionError(f"model path {model_name}: {problem}")
+    inside = run_folder.inside_a_run(output_dir)
+    if inside:
+        raise OptionError(f"output_dir {output_dir} {inside}: give a folder outside it")
     if not run_folder.writable(output_dir):
         raise OptionError(f"output_dir {output_dir} is not a writable directory")
     notes = list(filter(None, [check_archive_games(script_args)]))

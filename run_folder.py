@@ -313,9 +313,6 @@ def take(output_dir: Path, *, resume: str | None = None, overwrite: bool = False
     refusal is FolderRefused (one line, whose advice works) or Finished, and leaves the folder as it was."""
     if os.path.islink(output_dir) and not output_dir.exists():
         raise FolderRefused(f"output_dir {output_dir} is a symbolic link to nothing")
-    inside = inside_a_run(output_dir)
-    if inside:
-        raise FolderRefused(f"output_dir {output_dir} {inside}: give a folder outside it")
     created = not output_dir.exists()
     output_dir.mkdir(parents=True, exist_ok=True)
     fd = lock_fd = -1

@@ -417,7 +417,7 @@ def test_a_second_run_is_refused_before_anything_is_written(place, capsys, monke
     assert snapshot(place / "outputs") == before
 
 
-def held(run: Path, **asked) -> run_folder.Held:
+def held(run: Path, **asked):
     """The folder taken and started as train_2048 does once its checks pass."""
     taken = run_folder.take(run, **asked)
     taken.start()
