@@ -154,7 +154,7 @@ def test_unsloth_refuses_a_router_loss_before_loading(tmp_path, capsys):
     for coef in ("0", None):  # 0, and the model's own (checked once the model is loaded)
         extra = ["--router_aux_loss_coef", coef] if coef else []
         script, grpo, model, settings = parse("--config", DEMO, "--output_dir", str(tmp_path), *extra)
-        assert options.check_before_loading(script, settings, grpo, model, backend="unsloth") == (None, [])
+        assert options.check_before_loading(script, settings, grpo, model, backend="unsloth") == []
 
 
 def test_training_without_the_seccomp_wall_stops_with_one_line(tmp_path, capsys):
@@ -168,7 +168,7 @@ def test_training_without_the_seccomp_wall_stops_with_one_line(tmp_path, capsys)
             options.check_before_loading(script, settings, grpo, model, backend="transformers")
         assert str(exc.value).startswith("the sandbox has no seccomp wall here")
         optout = parse("--config", DEMO, "--output_dir", str(tmp_path / "out"), "--require_seccomp", "false")
-        assert options.check_before_loading(*optout[:1], optout[3], optout[1], optout[2], "transformers")[0] is None
+        assert options.check_before_loading(*optout[:1], optout[3], optout[1], optout[2], "transformers") == []
     finally:
         sandbox.shutdown()
 
