@@ -99,20 +99,37 @@ def kind(fd: int, name: str) -> str | None:
             else "other")  # fmt: skip
 
 
+def read_json_at(fd: int, name: str, limit: int, what: str):
+    """The JSON file `name` of the folder `fd`, opened without following a link, read with user_files' limits."""
+    import user_files
+
+    try:
+        file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except OSError as exc:
+        why = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise user_files.FileRefused(f"cannot read {what} {name}: {why}") from None
+    try:
+        return user_files.read_json(f"/proc/self/fd/{file}", limit, what)  # the file opened, as user_files reads
+    finally:
+        os.close(file)
+
+
 def read_manifest(output_dir: Path, fd: int | None = None) -> dict:
     """The run's record; FolderRefused when it cannot be read or is not one (a link, a device, hand-edited)."""
     import user_files
 
-    path = output_dir / MANIFEST
     try:
-        if fd is not None and kind(fd, MANIFEST) == "link" or fd is None and path.is_symlink():
-            raise user_files.FileRefused(f"{path}: a symbolic link, not the record a run writes")
-        record = user_files.read_json(path, 1 << 20, "record")
+        opened = fd if fd is not None else os.open(output_dir, FOLDER_FLAGS)
+        try:
+            record = read_json_at(opened, MANIFEST, 1 << 20, "record")
+        finally:
+            if fd is None:
+                os.close(opened)
         claims, adopted = record["claims"], record.get("adopted", [])
         for names in (claims, adopted):
             if not isinstance(names, list) or not all(isinstance(c, str) and owned_name(c) for c in names):
                 raise ValueError("claims outside the run's names")
-    except (user_files.FileRefused, ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (OSError, user_files.FileRefused, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise FolderRefused(f"output_dir {output_dir}: its record of the run, {MANIFEST}, cannot be read "
                             f"({' '.join(str(exc).split())[:160]}), so nothing there is deleted or continued: move "
                             "the folder's files yourself, or give another --output_dir") from None  # fmt: skip
@@ -135,20 +152,15 @@ def inside_a_run(path: Path) -> str | None:
     """Why `path` may not be an output folder: it is, or is inside, a folder a run claims (its checkpoints are rotated
     and its folders replaced as it goes) or a folder a command published (final/: its next save replaces what it
     wrote there). None when it is not."""
-    resolved = Path(os.path.abspath(path))
-    while resolved.is_symlink() is False and not resolved.exists() and resolved != resolved.parent:
-        resolved = resolved.parent  # the part that exists (a link followed below, by resolve)
-    resolved = resolved.resolve()
-    for folder in (resolved, *resolved.parents):
+    existing = Path(os.path.abspath(path))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent  # the part that exists: where the folder would be made
+    existing = existing.resolve()  # through links: where it is
+    for folder in (existing, *existing.parents):
         by = marked_by(folder)
         if by is not None:
             return f"is inside {folder}, a folder {by} published (its next save replaces what it wrote there)"
-        try:
-            claimed = folder.name in read_manifest(folder.parent)["claims"] if (folder.parent / MANIFEST).is_file() \
-                else False  # fmt: skip
-        except FolderRefused:
-            claimed = False
-        if claimed:
+        if folder.name in claims_of(folder.parent):
             return f"is inside {folder}, which the run in {folder.parent} wrote (and replaces or deletes as it goes)"
     return None
 
@@ -282,8 +294,8 @@ class Held:
         resume leaves everything."""
         if self.checkpoint is not None or self.record is None:
             return
-        for name in sorted(self.record["claims"], reverse=True):  # runs/<folder> before runs
-            if name.split("/")[0] not in self.before or "/" in name and "runs" not in self.before:
+        for name in sorted(self.record["claims"], reverse=True):  # runs/<folder> (this run's) before runs
+            if "/" in name or name not in self.before:
                 remove_claimed(self.fd, name)
         for name in (MANIFEST, LOCK):
             if name not in self.before:
@@ -525,15 +537,9 @@ def read_mark(fd: int) -> dict | None:
     import user_files
 
     try:
-        file = os.open(MARK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-    except OSError:
-        return None
-    try:
-        mark = user_files.read_json(f"/proc/self/fd/{file}", 1 << 20, "mark")  # the file opened, read with limits
+        mark = read_json_at(fd, MARK, 1 << 20, "mark")
     except user_files.FileRefused:
         return None
-    finally:
-        os.close(file)
     if not isinstance(mark, dict) or not isinstance(mark.get("by"), str):
         return None
     files = mark.get("files")
@@ -615,11 +621,21 @@ def unclaim(output_dir: Path, name: str) -> None:
 
 
 def claimed(output_dir: Path) -> list[str]:
-    """What the run in output_dir claims ([] without a record)."""
+    """What the run in output_dir claims: the record this process holds, else the folder's."""
     held = HOLDING.get(os.path.abspath(output_dir))
     if held is not None and held.record is not None:
         return list(held.record["claims"])
-    return read_manifest(output_dir)["claims"] if (output_dir / MANIFEST).is_file() else []
+    return claims_of(output_dir)
+
+
+def claims_of(folder: Path) -> list[str]:
+    """The claims of the record in `folder`; [] without one that can be read."""
+    if not (folder / MANIFEST).is_file():
+        return []
+    try:
+        return read_manifest(folder)["claims"]
+    except FolderRefused:
+        return []
 
 
 # --- checkpoints ----------------------------------------------------------------------------------------------------

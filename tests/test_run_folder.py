@@ -34,6 +34,9 @@ UP = "def strategy(board):\n    return 'W'\n"  # what an evaluation plays (root/
 BOARD = ["--size", "3", "--target", "16"]
 
 
+LOAD_OR_LEAVE = train_2048.load_or_leave
+
+
 class Started(Exception):
     """train_2048 got past its output folder: the model would load now."""
 
@@ -520,3 +523,20 @@ def test_the_archive_does_not_import_the_trainer():
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert "trainer" not in imported
+
+
+def test_a_run_whose_model_does_not_load_leaves_the_folder_as_it_found_it(tmp_path, monkeypatch, capsys):
+    """A new run into a folder of yours whose model then fails to load: one line, exit 2, and the folder as it was:
+    what the run made (its log, record, lock file, TensorBoard folder inside your runs/) gone, yours all there."""
+    monkeypatch.setattr(train_2048, "load_or_leave", LOAD_OR_LEAVE)
+    root, folder = tmp_path, tmp_path / "run"
+    users(folder, root)
+    (folder / "runs" / "other-project").mkdir(parents=True)
+    (root / "says-nothing").mkdir()
+    (root / "says-nothing" / "config.json").write_text("{}")
+    before = {str(p.relative_to(folder)) for p in folder.rglob("*")}
+    with pytest.raises(SystemExit) as stop:
+        train_2048.main(["--config", DEMO, "--output_dir", str(folder), "--model_name_or_path",
+                         str(root / "says-nothing")])  # fmt: skip
+    assert stop.value.code == 2 and "cannot load model" in capsys.readouterr().err
+    assert {str(p.relative_to(folder)) for p in folder.rglob("*")} == before
