@@ -393,8 +393,6 @@ def decide(s: Survey, *, resume: str | None, overwrite: bool, max_steps: int) ->
     if s.state == OLDER:  # a resume of its checkpoint (every other case was refused above)
         held.adopt = sorted(n for n in s.names if n in RUN_NAMES or CHECKPOINT.fullmatch(n))
     refuse_what_a_run_cannot_write(s, held)
-    if held.checkpoint is None and resume == "auto":
-        held.notes.append("--resume auto: no checkpoint yet, starting at step 0")
     held.notes += s.skipped if held.checkpoint is not None and resume == "auto" else []
     if held.checkpoint is not None and max_steps > 0:
         finished(where, held.checkpoint, max_steps)
