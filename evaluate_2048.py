@@ -41,6 +41,7 @@ import game2048
 import models  # the standard library only at import: the heavy imports wait until the options are checked
 import options
 import rewards
+import run_folder
 import sandbox
 import strategies
 import user_files
@@ -572,7 +573,8 @@ def write_outputs(folder: Path, files: dict[str, bytes]) -> None:
 def results_folder(args: EvalArguments) -> Path:
     """The folder this evaluation writes, made now: a new one under outputs/eval by default, so that no evaluation
     replaces another's results; a given --output_dir that holds results is refused unless --overwrite_output_dir, and
-    one that holds a results.json or max_tiles.png no evaluation wrote (a user's own, a link) is refused always."""
+    one that holds a results.json or max_tiles.png no evaluation wrote (a user's own, a link), or that is inside a
+    folder a run claims or a command published (run_folder.inside_a_run), is refused always."""
     if args.output_dir is None:
         output_dir = first = Path("outputs/eval") / time.strftime("%Y%m%d-%H%M%S")
         for n in itertools.count(2):
@@ -581,6 +583,9 @@ def results_folder(args: EvalArguments) -> Path:
             output_dir = first.with_name(f"{first.name}-{n}")
     else:
         output_dir = Path(args.output_dir)
+        inside = run_folder.inside_a_run(output_dir)
+        if inside:
+            die(f"--output_dir {output_dir} {inside}: give a folder outside it")
         foreign = not_written_here(output_dir)
         if foreign:
             die(f"--output_dir {output_dir} holds {' and '.join(foreign)} that no evaluation wrote (a file of your "

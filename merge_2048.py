@@ -9,8 +9,8 @@ training (after a merge that failed, or from a checkpoint). The base is the 16-b
 were trained on (adapter_config.json names it; --base names another): the default preset's 4-bit checkpoint, and its
 MXFP4 original, merge into the BF16 copy of the same weights, unsloth/gpt-oss-20b-BF16 (merging.SIXTEEN_BIT_ORIGINAL).
 transformers loads it with its own classes (on the GPU when there is one), PEFT merges, and the merged model goes to a
-temporary folder, published whole only when the merge is right; an existing output folder is replaced only with
---overwrite_output_dir.
+temporary folder, published only when the merge is right: into a new folder or an empty one, or with
+--overwrite_output_dir over an earlier merge's own files (its mark lists them; anything else there stays).
 
 The merge is judged by merging.merge_adapters: every merged weight against the base weight plus the adapters' product
 computed from the adapter's own files, rounded as a 16-bit merge must round; the merged model, reloaded with
@@ -32,8 +32,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import merging  # these three: the standard library only at import; the heavy imports wait until the inputs are checked
+import merging  # these four: the standard library only at import; the heavy imports wait until the inputs are checked
 import models
+import run_folder
 import saving
 
 log = logging.getLogger("train_2048.merge")
@@ -123,18 +124,34 @@ def check_inputs(args: MergeArguments) -> tuple[Path, str, Path]:
     for kept, what in ((adapter, "the adapter"), (Path(base).expanduser(), "the base")):
         if kept.exists() and (output.resolve() == kept.resolve() or output.resolve() in kept.resolve().parents):
             die(f"--output_dir {output} holds {what} ({kept}): the merge goes elsewhere")
-    if (output.exists() or output.is_symlink()) and not args.overwrite_output_dir:
-        die(f"--output_dir {output} exists (an earlier merge?): --overwrite_output_dir replaces it, or name another "
-            "--output_dir")
-    if (output.exists() or output.is_symlink()) and saving.written_by(output) != "merge_2048":
-        die(f"--output_dir {output} exists and merge_2048 did not write it (no {saving.MARK} of a merge there): "
-            "--overwrite_output_dir replaces only a merge's folder; name another --output_dir")
+    check_output(output, args.overwrite_output_dir)
     if args.log_file:
         try:
             Path(args.log_file).open("a").close()
         except OSError as error:
             die(f"--log_file {args.log_file}: cannot write to it ({error.strerror or error})")
     return adapter, base, output
+
+
+def check_output(output: Path, overwrite: bool) -> None:
+    """Where the merge may go: a new name, an empty folder, or with --overwrite_output_dir a merge's own folder (its
+    MARK lists the files it wrote: those are replaced, anything else there stays); never a folder inside one a command
+    published or a run claims. One line and exit 2 otherwise, nothing touched."""
+    inside = run_folder.inside_a_run(output.parent)  # the folder itself may be a merge's, or the run's own name
+    if inside:
+        die(f"--output_dir {output}: {output.parent} {inside}: name a folder outside it")
+    if not (output.exists() or output.is_symlink()):
+        return
+    if output.is_symlink() or not output.is_dir():
+        die(f"--output_dir {output} exists and is not a folder (a link, or a file): name another --output_dir")
+    foreign = run_folder.not_published_by(output, "merge_2048")
+    if foreign:
+        die(f"--output_dir {output} holds {', '.join(foreign[:3])}, and merge_2048 did not write it (no {saving.MARK} "
+            "of a merge lists it: a folder of yours, a copy, or an older merge whose mark lists no files): name another "
+            "--output_dir (a new or empty folder)")  # fmt: skip
+    if any(output.iterdir()) and not overwrite:
+        die(f"--output_dir {output} exists (an earlier merge): --overwrite_output_dir replaces the files that merge "
+            "wrote (nothing else there), or name another --output_dir")  # fmt: skip
 
 
 def start_logging(log_file: str | None) -> None:

@@ -160,7 +160,7 @@ NO_RANGE = {
     "backend": "one of its choices (argparse refuses others)",
     "offload_embedding": "true or false, or unset (decided by the GPU)",
     "warm_start": "true or false",
-    "resume": "auto or a checkpoint: run_folder.resume_point checks the checkpoint",
+    "resume": "auto or a checkpoint: run_folder.take checks the checkpoint",
     "overwrite_output_dir": "true or false",
     "save_method": "one of its choices (argparse refuses others)",
     "verify_save": "true or false",
@@ -319,7 +319,7 @@ class Plan:
     training_args: typing.Any  # TRL's GRPOConfig
     model_args: typing.Any  # TRL's ModelConfig
     backend: str
-    checkpoint: Path | None  # the checkpoint to continue from; None: a fresh start
+    checkpoint: Path | None  # the checkpoint to continue from; None: a fresh start (set once the folder is held)
     notes: list[str]  # lines to log once logging starts (checkpoints skipped, archive games too many for fast steps)
     merge_source: str | None  # the 16-bit base --save_method merged_16bit merges into
 
@@ -332,9 +332,9 @@ def plan(argv: list[str], backend: str, description: str | None = None) -> Plan:
     """Every option read and checked, with what it names (paths, the output folder, the resume point, the hub, the
     sandbox, the merge source): OptionError, one line, otherwise. Nothing is written or loaded."""
     script_args, settings, training_args, model_args = parse_args(argv, description)
-    checkpoint, notes = check_before_loading(script_args, settings, training_args, model_args, backend)
+    notes = check_before_loading(script_args, settings, training_args, model_args, backend)
     merge_source = check_merge_source(script_args, model_args, Path(training_args.output_dir))
-    return Plan(script_args, settings, training_args, model_args, backend, checkpoint, notes, merge_source)
+    return Plan(script_args, settings, training_args, model_args, backend, None, notes, merge_source)
 
 
 def one_line(exc: BaseException | None, limit: int = 200) -> str:
@@ -633,10 +633,10 @@ def check_options(script_args, training_args, model_args, given: set[str]) -> No
                                       "leave it out (tensorboard is installed with train_2048)")  # fmt: skip
 
 
-def check_before_loading(script_args, settings, training_args, model_args, backend: str) -> tuple[Path | None, list]:
-    """Every check of what the options name (paths, checkpoints, the output folder, the hub, the sandbox), with
-    nothing loaded or written: one line and exit 2 now, not a traceback an hour in. Returns the checkpoint to resume
-    from, if any, and the lines to log about newer checkpoints that cannot be loaded."""
+def check_before_loading(script_args, settings, training_args, model_args, backend: str) -> list[str]:
+    """Every check of what the options name (paths, the hub, the sandbox), with nothing loaded or written: one line
+    and exit 2 now, not a traceback an hour in. What the output folder holds is read under its lock, when the run
+    holds it (run_folder.take). Returns the lines to log once logging starts."""
     model_name, output_dir = model_args.model_name_or_path, Path(training_args.output_dir)
     if script_args.save_method == "mxfp4" and backend != "unsloth":
         raise OptionError("--save_method mxfp4 needs the unsloth backend on a CUDA GPU; use lora or merged_16bit here")
@@ -655,10 +655,12 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
     problem = models.not_a_model(model_name) if model_name != demo_data.TINY else None
     if problem:
         raise OptionError(f"model path {model_name}: {problem}")
+    inside = run_folder.inside_a_run(output_dir)
+    if inside:
+        raise OptionError(f"output_dir {output_dir} {inside}: give a folder outside it")
     if not run_folder.writable(output_dir):
         raise OptionError(f"output_dir {output_dir} is not a writable directory")
-    checkpoint, notes = resume_point(script_args, training_args, model_args, output_dir)
-    notes += filter(None, [check_archive_games(script_args)])
+    notes = list(filter(None, [check_archive_games(script_args)]))
     if training_args.push_to_hub:
         check_hub(training_args)
     walls = sandbox.walls()
@@ -667,7 +669,7 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
             f"the sandbox has no seccomp wall here ({walls['reason']}): install libseccomp (Debian/Ubuntu: "
             "libseccomp2), or pass --require_seccomp false to train with the other walls only (docs/SECURITY.md)"
         )
-    return checkpoint, notes
+    return notes
 
 
 def check_merge_source(script_args, model_args, output_dir: Path) -> str | None:
@@ -693,22 +695,6 @@ def version_at_most(package: str, highest: str) -> bool:
     from packaging.version import Version
 
     return Version(Version(importlib.metadata.version(package)).base_version) <= Version(highest)
-
-
-def resume_point(script_args, training_args, model_args, output_dir: Path) -> tuple[Path | None, list[str]]:
-    """The checkpoint to continue from (None: a fresh start), and a line for each newer one that cannot be loaded
-    (run_folder.resume_point): a fresh start never goes into a folder that holds a run, a damaged checkpoint is never
-    resumed from, and a run at its --max_steps is not trained further."""
-    resume = script_args.resume or training_args.resume_from_checkpoint
-    try:
-        run_folder.check_folder(output_dir, fresh=not resume, overwrite=script_args.overwrite_output_dir,
-                                resume=bool(resume))  # fmt: skip
-        checkpoint, skipped = run_folder.resume_point(output_dir, resume, training_args.max_steps)
-    except run_folder.FolderRefused as exc:
-        raise OptionError(str(exc)) from None
-    if checkpoint is not None:
-        check_adapter_shape(checkpoint, model_args)
-    return checkpoint, skipped
 
 
 def check_adapter_shape(checkpoint: Path, model_args) -> None:

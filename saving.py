@@ -1,5 +1,5 @@
-"""What a run writes, put in place whole and proven: folders that appear complete or not at all (fresh, publish) and
-say which command wrote them (MARK), and the final save: the LoRA adapters checked against the trained ones
+"""What a run writes, put in place whole and proven: folders written apart and published (fresh, publish), marked with
+the command and the files it wrote (MARK), so a later save replaces those files and nothing else; and the final save: the LoRA adapters checked against the trained ones
 (save_and_verify, verify_adapter), the merged 16-bit model through merge_2048.py, Unsloth's MXFP4 export.
 """
 
@@ -11,14 +11,14 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import models
+import run_folder
 
 log = logging.getLogger("train_2048.saving")
 
-MARK = ".train_2048-wrote-this"  # in every folder publish() puts in place: {"by": the command that wrote it}
+MARK = run_folder.MARK  # in every folder publish() puts in place: {"by": the command, "files": what it wrote}
 
 
 class NotOurs(ValueError):
@@ -26,41 +26,75 @@ class NotOurs(ValueError):
 
 
 def fresh(path: Path) -> Path:
-    """A new empty folder beside `path` to write into, named as no user names a folder (mkdtemp's .train_2048-XXXX):
-    never `<path>.tmp`, which may be the user's. publish() moves it into place when it is complete."""
+    """A new empty folder beside `path` to write into, named as no user names a folder (.train_2048-XXXXXXXX, with
+    the mode the user's umask gives a folder): never `<path>.tmp`, which may be the user's. publish() moves it into
+    place when it is complete. The run that holds the folder beside claims it (run_folder.claim)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=path.parent, prefix=".train_2048-"))
+    tmp = run_folder.make_folder(path.parent, ".train_2048-")
+    run_folder.claim(path.parent, tmp.name)
+    return tmp
 
 
 def written_by(path: Path) -> str | None:
-    """Which of our commands wrote the folder `path` (its MARK file), or None: a user's folder, or not a folder."""
-    import user_files
-
-    if path.is_symlink() or not path.is_dir():
-        return None
-    try:
-        mark = user_files.read_json(path / MARK, 4096, "mark")
-    except user_files.FileRefused:
-        return None
-    return mark.get("by") if isinstance(mark, dict) and isinstance(mark.get("by"), str) else None
+    """Which of our commands published the folder `path` (its MARK), or None: a user's folder, or not a folder."""
+    return run_folder.marked_by(path)
 
 
 def publish(tmp: Path, path: Path, by: str) -> None:
-    """Mark the fully written folder `tmp` as `by`'s and swap it in for `path`, so `path` is never half-written. An
-    existing `path` is replaced only when `by` wrote it (its MARK): NotOurs otherwise, with nothing touched. The old
-    folder goes through a mkdtemp folder of our own before it is deleted, never through a name a user may hold."""
-    import user_files
+    """Put the fully written folder `tmp` in place as `path`, marked `by`'s: MARK lists each file it holds with its size
+    and modification time. A new name, or an empty folder: `tmp` is renamed to it, so it appears whole. A folder `by`
+    published before: its own files (what its MARK lists, unchanged since) are replaced file by file from `tmp`, and
+    nothing else in it is touched (a user's notes, an evaluation's folder). NotOurs, with nothing touched, when `path`
+    is a link or a file, holds files and no MARK of `by`'s, or holds a name `tmp` writes that is not `by`'s."""
+    tmp_fd = os.open(tmp, run_folder.FOLDER_FLAGS)
+    try:
+        files = run_folder.listing(tmp_fd)
+        run_folder.write_through(tmp_fd, MARK, json.dumps({"by": by, "files": files}) + "\n")
+        try:
+            os.rename(tmp, path)  # a new name (or an empty folder): the whole folder at once
+            run_folder.unclaim(path.parent, tmp.name)
+            return
+        except OSError:
+            if not (path.exists() or path.is_symlink()):
+                raise
+        try:
+            fd = os.open(path, run_folder.FOLDER_FLAGS)
+        except OSError:
+            raise NotOurs(f"{path} exists and is not a folder {by} wrote (a link, or a file): it is left as it is") from None
+        try:
+            replace_own_files(tmp_fd, fd, files, path, by)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(tmp_fd)
+    shutil.rmtree(tmp, ignore_errors=True)  # its MARK alone is left there
+    run_folder.unclaim(path.parent, tmp.name)
 
-    user_files.write_new(tmp / MARK, json.dumps({"by": by}) + "\n")
-    if not (path.exists() or path.is_symlink()):
-        os.rename(tmp, path)
-        return
-    if written_by(path) != by:
-        raise NotOurs(f"{path} exists and {by} did not write it (no {MARK} of its own there): it is left as it is")
-    old = Path(tempfile.mkdtemp(dir=path.parent, prefix=".train_2048-old-"))
-    os.rename(path, old / path.name)
-    os.rename(tmp, path)
-    shutil.rmtree(old)
+
+def replace_own_files(tmp_fd: int, fd: int, files: dict, path: Path, by: str) -> None:
+    """publish() into an existing folder: `by`'s own files there replaced by `files` (in `tmp_fd`), one rename each,
+    through the folders' descriptors. Its MARK is written first listing the old and the new files together, so a
+    stop half-way leaves only files it lists; then the new ones alone."""
+    own, mark = run_folder.own_files(fd, by), run_folder.read_mark(fd)
+    there = set(os.listdir(fd)) - {MARK}
+    clash = sorted((there - own) & files.keys() if mark and mark["by"] == by else there)
+    if clash:
+        others = sorted(there - own)
+        raise NotOurs(f"{path} holds {', '.join(clash[:3])}, which {by} did not write (no {MARK} of its own lists "
+                      f"it{'; also there: ' + ', '.join(others[:3]) if others != clash else ''}): it is left as it "
+                      "is")  # fmt: skip
+    before = {name: mark["files"][name] for name in own}
+    run_folder.write_through(fd, MARK, json.dumps({"by": by, "files": {**before, **files}}) + "\n")
+    for name in sorted(own - files.keys()):
+        if run_folder.kind(fd, name) == "folder":
+            shutil.rmtree(name, dir_fd=fd)
+        else:
+            os.unlink(name, dir_fd=fd)
+    for name in sorted(files):
+        if name in own and run_folder.kind(fd, name) == "folder":
+            shutil.rmtree(name, dir_fd=fd)
+        os.replace(name, name, src_dir_fd=tmp_fd, dst_dir_fd=fd)
+    run_folder.write_through(fd, MARK, json.dumps({"by": by, "files": files}) + "\n")
 
 
 # --- saving, and proving the save ------------------------------------------------------------------------------
@@ -89,10 +123,6 @@ def save_and_verify(trainer, tokenizer, *, save_method: str, verify: bool, use_p
     trainer.save_model(str(tmp))  # with train_2048_base.json (trainer.py's save_model)
     if not main:
         return True
-    if written_by(final) is None and (final / "adapter_config.json").is_file() and not final.is_symlink():
-        import user_files
-
-        user_files.write_new(final / MARK, json.dumps({"by": "train_2048"}) + "\n")  # an older version's save
     try:
         publish(tmp, final, "train_2048")
     except NotOurs as error:

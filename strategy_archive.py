@@ -49,7 +49,6 @@ import shlex
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 import typing
 from contextlib import nullcontext
@@ -60,6 +59,7 @@ from transformers import TrainerCallback
 
 import evaluation
 import rewards
+import run_folder
 import sandbox
 
 log = logging.getLogger("train_2048")
@@ -214,15 +214,17 @@ class StrategyArchive(TrainerCallback):
 
     settings: the run's rewards.RewardSettings. size: how many go to the files. seeds: the held-out games. budget: the
     share of each step's time that re-scoring may take. timing: a context manager factory that counts the re-scoring
-    in the step's time split (trainer.StepTimes.timing). writer: TensorBoard's SummaryWriter, or None.
+    in the step's time split (trainer.StepTimes.timing). writer: TensorBoard's SummaryWriter, or None. say: how a
+    console line is said (trainer.say).
     """
 
     def __init__(self, settings, *, size: int, seeds: list[int], budget: float, output_dir: Path, main: bool = True,
-                 world: int = 1, timing=None, writer=None):  # fmt: skip
+                 world: int = 1, timing=None, writer=None, say=None):  # fmt: skip
         self.settings, self.size, self.seeds, self.budget = settings, size, list(seeds), budget
         self.output_dir, self.main, self.world = Path(output_dir), main, world
         self.timing = timing or (lambda: nullcontext())
         self.writer = writer
+        self.say = say or log.info  # a console line (trainer.say under the progress bar)
         self.entries: dict[str, Entry] = {}
         self.records: list = []  # this process's (step, code, games, cheats) since the step began
         self.answers_this_step = 0  # this process's answers judged since the step began, playable or not
@@ -235,6 +237,7 @@ class StrategyArchive(TrainerCallback):
         self.distinct_last_step = 0
         self.step_started = None
         self.reported = {"best": None}  # what the console line last showed
+        self.copies: set[str] = set()  # the copies of strategies/ this archive made (write_files)
 
     def describe(self) -> str:
         """The log line that states what the archive does and its budget."""
@@ -415,8 +418,6 @@ class StrategyArchive(TrainerCallback):
     def report(self, step: int) -> None:
         """TensorBoard's archive/* scalars and its text panel (at every log, so its "written" counts stay current); a
         console line when the best changed."""
-        from trainer import say
-
         top = self.ranked()[: self.size]
         if self.writer is not None:
             for name, value in self.metrics().items():
@@ -426,7 +427,7 @@ class StrategyArchive(TrainerCallback):
             self.writer.flush()
         if top and top[0].id != self.reported["best"]:
             self.reported["best"] = top[0].id
-            say(f"archive at step {step}: new best {describe_entry(top[0])}; "
+            self.say(f"archive at step {step}: new best {describe_entry(top[0])}; "
                 f"{sum(e.status != 'cheats' for e in self.entries.values())} distinct so far, "
                 f"{self.distinct_last_step} in this step")  # fmt: skip
 
@@ -455,8 +456,9 @@ def write_files(archive: StrategyArchive, step: int) -> Path:
     """<output_dir>/strategies/: the top N as NN-<id>.py, best.py and index.json, in a new folder swapped in by
     one rename of a link, so a reader (or a crash) sees the previous copy whole or this one whole."""
     top = archive.ranked()[: archive.size]
-    folder = Path(tempfile.mkdtemp(prefix=f".{FOLDER}-{step}-", dir=archive.output_dir))
-    folder.chmod(0o755)  # as readable as the run's other outputs (mkdtemp makes it the owner's alone)
+    folder = run_folder.make_folder(archive.output_dir, f".{FOLDER}-{step}-")  # the umask's mode, as checkpoint-N's
+    run_folder.claim(archive.output_dir, folder.name)  # the run's record lists it: what --overwrite_output_dir deletes
+    archive.copies.add(folder.name)
     rows = []
     for rank, entry in enumerate(top, 1):
         name = f"{rank:02d}-{entry.id}.py"
@@ -479,7 +481,7 @@ def write_files(archive: StrategyArchive, step: int) -> Path:
     }
     (folder / "index.json").write_text(json.dumps(index, indent=1) + "\n")
     link = archive.output_dir / FOLDER
-    keep = unknown_copy(link, archive.entries.keys())
+    keep = unknown_copy(link, archive.entries)
     tmp_link = archive.output_dir / f".{FOLDER}.link-{os.getpid()}"
     tmp_link.unlink(missing_ok=True)
     os.symlink(folder.name, tmp_link)
@@ -489,27 +491,32 @@ def write_files(archive: StrategyArchive, step: int) -> Path:
         tmp_link.unlink(missing_ok=True)
         log.warning(f"strategy archive: cannot replace {link} ({exc.strerror}); this copy is in {folder}")
         return folder
-    for old in archive.output_dir.glob(f".{FOLDER}-*"):  # earlier copies, and any a crash left
+    ours = archive.copies | {n for n in run_folder.claimed(archive.output_dir) if n.startswith(f".{FOLDER}-")}
+    for name in sorted(ours - {folder.name}):  # earlier copies of this run, and any a crash left: never a user's
+        old = archive.output_dir / name
         if old == keep:
             kept = old.with_name(old.name.lstrip("."))
             old.rename(kept)
-            log.warning(f"strategy archive: {link} showed strategies this archive does not know (it did not "
+            log.warning(f"strategy archive: {link} showed strategies this archive has not ranked (it did not "
                         f"continue the state that wrote them); that copy is kept as {kept}")  # fmt: skip
-        elif old != folder:
+        elif not old.is_symlink():
             shutil.rmtree(old, ignore_errors=True)
+        archive.copies.discard(name)
+        run_folder.unclaim(archive.output_dir, name)
     return folder
 
 
-def unknown_copy(link: Path, known_ids) -> Path | None:
-    """The copy `link` shows when it holds a strategy the archive does not know (not in `known_ids`), or an index that
-    cannot be read: the files of a state this archive did not continue (a damaged checkpoint, or a save newer than the checkpoint
-    resumed), which a copy that holds less must not replace. None when there is none, or this archive knows it."""
+def unknown_copy(link: Path, entries: dict) -> Path | None:
+    """The copy `link` shows when it holds a strategy the archive has not judged (ranked, too slow or cheating: one it
+    never saw, or saw again without its held-out games yet), or an index that cannot be read: the files of a state this
+    archive did not continue (a damaged checkpoint, or a save newer than the checkpoint resumed), which a copy that
+    holds less must not replace. None when there is none, or this archive has judged all it shows."""
     if not link.is_symlink():
         return None
     target = link.parent / os.readlink(link)
     try:
         shown = json.loads((target / "index.json").read_text())["strategies"]
-        known = {row["id"] for row in shown} <= known_ids
+        known = all(row["id"] in entries and entries[row["id"]].status != "seen" for row in shown)
     except (OSError, ValueError, LookupError, TypeError, RecursionError):
         known = False
     return None if known or not target.is_dir() else target

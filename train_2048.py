@@ -37,7 +37,7 @@ import run_folder
 import sandbox
 import saving
 
-HELD: list[int] = []  # the output folder's lock, held while the run lives (run_folder.take)
+HELD: list = []  # the output folder, held while the run lives (run_folder.Held: its lock and record)
 log = logging.getLogger("train_2048")
 
 
@@ -251,7 +251,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     from transformers import set_seed
 
     state = PartialState()  # set up by GRPOConfig: one process, or this rank of an accelerate launch
-    created = hold_the_folder(plan, state)
+    hold_the_folder(plan, state)
     start_logging(plan.output_dir, state)
     announce(plan, state)
     set_seed(plan.training_args.seed)
@@ -261,7 +261,7 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
         torch.set_num_threads(plan.script_args.cpu_threads)
     settings = dataclasses.replace(plan.settings, game_salt=game_salt(plan.settings, plan.checkpoint, state))
     prompt = rewards.build_prompt(settings)
-    model, tokenizer = load_or_leave(plan, prompt, state, created)
+    model, tokenizer = load_or_leave(plan, prompt, state)
     import trainer as grpo
 
     writer = None
@@ -280,20 +280,44 @@ def train(argv: list[str], backend: str, cuda: bool) -> int:
     return save(trainer, tokenizer, settings, plan)
 
 
-def hold_the_folder(plan, state) -> bool:
-    """The output folder's lock and the record of what the run writes there, taken by the main process (with
-    --overwrite_output_dir, the earlier run's recorded files deleted now: every check has passed). True when the run
-    created the folder."""
-    created = state.is_main_process and not plan.output_dir.exists()
+def hold_the_folder(plan, state) -> None:
+    """The output folder held by the main process (run_folder.take: its lock first, then what it holds, read once, and
+    what this run may do there), its checkpoint to continue from checked against the options, then its record written
+    (with --overwrite_output_dir, the earlier run's claims deleted now: every check has passed). Every rank learns the
+    verdict: the checkpoint, or the one line that stops the run (exit 2, or 0 for a run already at its end)."""
+    verdict = None
     if state.is_main_process:
+        resume = plan.script_args.resume or plan.training_args.resume_from_checkpoint
         try:
-            HELD.append(run_folder.take(plan.output_dir, overwrite=plan.script_args.overwrite_output_dir and
-                                        plan.checkpoint is None, push_to_hub=plan.training_args.push_to_hub))  # fmt: skip
-        except run_folder.FolderRefused as exc:
-            die(str(exc))
+            held = run_folder.take(plan.output_dir, resume=resume, overwrite=plan.script_args.overwrite_output_dir,
+                                   max_steps=plan.training_args.max_steps)  # fmt: skip
+            try:
+                if held.checkpoint is not None:
+                    options.check_adapter_shape(held.checkpoint, plan.model_args)
+                held.start(push_to_hub=plan.training_args.push_to_hub)
+            except BaseException:
+                held.release()
+                raise
+            HELD.append(held)
+            verdict = ("go", held.checkpoint, held.notes)
+        except (run_folder.FolderRefused, options.OptionError) as exc:
+            verdict = ("refused", str(exc), 2)
+        except run_folder.Finished as exc:
+            verdict = ("finished", str(exc), 0)
         except OSError as exc:
-            die(f"output_dir {plan.output_dir}: {one_line(exc)}")
-    return created
+            verdict = ("refused", f"output_dir {plan.output_dir}: {one_line(exc)}", 2)
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        verdict = broadcast_object_list([verdict])[0]
+    if verdict[0] == "go":
+        plan.checkpoint, plan.notes = verdict[1], [*verdict[2], *plan.notes]
+        return
+    if not state.is_main_process:
+        raise SystemExit(verdict[2])  # the main process says why
+    if verdict[0] == "finished":
+        raise run_folder.Finished(verdict[1])
+    die(verdict[1])
 
 
 def announce(plan, state) -> None:
@@ -315,7 +339,7 @@ def announce(plan, state) -> None:
         log.info("--resume auto: no checkpoint yet, starting at step 0")
 
 
-def load_or_leave(plan, prompt: str, state, created: bool):
+def load_or_leave(plan, prompt: str, state):
     """(model, tokenizer), with the checks that need them; a model that does not load, or LoRA options it cannot take
     (models.LoraRefused, which names them), leaves the folder as it was (the run's own files removed) and ends the run
     with one line."""
@@ -323,11 +347,11 @@ def load_or_leave(plan, prompt: str, state, created: bool):
         model, tokenizer = load_policy(plan.script_args, plan.training_args, plan.model_args, plan.backend, prompt,
                                        state, plan.output_dir)  # fmt: skip
     except SystemExit:  # a check of the loaded model said no (its one line is printed)
-        leave_as_found(plan, state, created)
+        leave_as_found(state)
         raise
     except Exception as exc:  # not on the hub, no network, damaged or foreign files: all the user's to fix
         log.debug("the model did not load", exc_info=True)  # the traceback, in training.log
-        leave_as_found(plan, state, created)
+        leave_as_found(state)
         if isinstance(exc, models.LoraRefused):
             die(str(exc))
         die(f"cannot load model {plan.model_args.model_name_or_path}: {one_line(exc, 300)}")
@@ -339,17 +363,11 @@ def load_or_leave(plan, prompt: str, state, created: bool):
     return model, tokenizer
 
 
-def leave_as_found(plan, state, created: bool) -> None:
-    """A new run that stops before it trained: the folder as it was before it (the folder itself, if the run made
-    it; else the run's own files, by its record), so that the next run starts there without a word."""
-    if not state.is_main_process or plan.checkpoint is not None or run_folder.results_held(plan.output_dir):
-        return
-    if created:
-        import shutil
-
-        shutil.rmtree(plan.output_dir, ignore_errors=True)
-    else:
-        run_folder.clear_run(plan.output_dir)
+def leave_as_found(state) -> None:
+    """A new run that stops before it trained: the folder as it was before it (run_folder.Held.leave_as_found: what the
+    run made, by its record), so that the next run starts there without a word."""
+    if state.is_main_process and HELD:
+        HELD[-1].leave_as_found()
 
 
 def save(trainer, tokenizer, settings, plan) -> int:
@@ -403,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sandbox.shutdown()
         while HELD:  # the output folder's lock (the kernel would release it at exit; a test runs several in a process)
-            os.close(HELD.pop())
+            HELD.pop().release()
     if world > 1:  # the sign that this rank got through (the test of the 2-process run reads it)
         print(f"train_2048: rank {os.environ.get('RANK', '?')}/{world} finished, exit status {rc}", file=sys.stderr)
     return rc

@@ -157,7 +157,7 @@ class GameGRPOTrainer(GRPOTrainer):
         # or the project's own with --output_dir .). The card is written only for a hub push, into a README.md the
         # run claimed when it started (absent then).
         readme = Path(self.args.output_dir) / "README.md"
-        if self.args.push_to_hub and "README.md" in run_folder.read_manifest(readme.parent)["claims"]:
+        if self.args.push_to_hub and "README.md" in run_folder.claimed(readme.parent):
             super().create_model_card(*args, **kwargs)
 
     # --- step timings ---------------------------------------------------------------------------------------
@@ -550,7 +550,7 @@ def make_archive(settings, script_args, output_dir: Path, held_out: list[int], s
     archive = strategy_archive.StrategyArchive(
         settings, size=script_args.archive_size, budget=script_args.archive_budget, output_dir=output_dir,
         seeds=held_out[: script_args.archive_games or script_args.eval_games],
-        main=state.is_main_process, world=state.num_processes, timing=lambda: times.timing("archive"),
+        main=state.is_main_process, world=state.num_processes, timing=lambda: times.timing("archive"), say=say,
     )  # fmt: skip
     if checkpoint is not None:
         strategy_archive.load_state(archive, checkpoint)

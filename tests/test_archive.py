@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import evaluation
 import game2048
 import rewards
+import run_folder
 import sandbox
 import strategy_archive
 from strategy_archive import PlayedGame, StrategyArchive
@@ -626,7 +627,11 @@ def test_a_checkpoint_of_an_older_format_still_loads(fmt, saved_state, tmp_path,
 def test_files_are_replaced_only_by_an_archive_that_holds_what_they_show(tmp_path, caplog):
     """Resumed from the checkpoint that wrote them, the archive replaces its files; resumed from an older checkpoint
     (the newer one half-written) or from a damaged one, it knows less than they show: that copy is kept, renamed to
-    a visible folder, and the new one is written beside it."""
+    a visible folder, and the new one is written beside it. The run holds the folder: its record lists the copies, so
+    a resumed archive deletes what an earlier process wrote, and nothing else."""
+    run = run_folder.take(tmp_path)
+    run.start()
+    (tmp_path / ".strategies-1-mine").mkdir()  # a name like a copy's, the user's
     archive = new_archive(tmp_path)
     archive.rewards = wired(archive)
     train_step(archive, [fenced(CORNER), fenced(CYCLE)], step=1)
@@ -664,6 +669,38 @@ def test_files_are_replaced_only_by_an_archive_that_holds_what_they_show(tmp_pat
     (link / "index.json").unlink()
     kept_when_resumed(older, 5)  # an index that cannot be read: nothing to vouch for the copy
     assert len([p for p in tmp_path.iterdir() if p.name.startswith(strategy_archive.FOLDER + "-")]) == 3
+    assert (tmp_path / ".strategies-1-mine").is_dir()
+    run.release()
+
+
+def test_ranked_files_survive_a_resume_whose_archive_state_cannot_be_read(tmp_path, caplog, monkeypatch):
+    """The newest checkpoint's strategy_archive.json unreadable: the resumed archive starts empty, and meets the same
+    strategies again before it has re-scored them; the files that ranked them are kept (visible, said in a line),
+    not replaced by a copy that ranks nothing yet. (The run holds its folder, so its record lists the copies.)"""
+    run = run_folder.take(tmp_path)
+    run.start()
+    archive = new_archive(tmp_path)
+    archive.rewards = wired(archive)
+    train_step(archive, [fenced(CORNER), fenced(CYCLE)], step=1)
+    checkpoint = tmp_path / "checkpoint-1"
+    checkpoint.mkdir()
+    strategy_archive.save_state(archive, checkpoint)
+    shown = strategy_archive.write_files(archive, 1)
+    ranked = json.loads(index_text(shown))["strategies"]
+    assert len(ranked) == 2
+    (checkpoint / strategy_archive.STATE_FILE).write_text("{")  # cut short
+    again = new_archive(tmp_path)
+    again.rewards = wired(again)
+    monkeypatch.setattr(again, "rescore", lambda: 0.0)  # its re-scoring has not come to them yet
+    strategy_archive.load_state(again, checkpoint)
+    train_step(again, [fenced(CORNER), fenced(CYCLE)], step=2)
+    assert {e.status for e in again.entries.values()} == {"seen"}
+    strategy_archive.write_files(again, 2)
+    kept = [p for p in tmp_path.iterdir() if p.is_dir() and (p / "index.json").is_file() and
+            json.loads(index_text(p))["strategies"] == ranked]  # fmt: skip
+    assert kept and all((kept[0] / row["file"]).is_file() for row in ranked) and (kept[0] / "best.py").is_file()
+    assert f"that copy is kept as {kept[0]}" in caplog.text
+    run.release()
 
 
 def test_its_tensorboard_panel_comes_at_every_log_with_current_counts(archive, tmp_path):

@@ -19,6 +19,7 @@ import pytest
 import evaluate_2048
 import options
 import run_folder
+import saving
 import train_2048
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,14 +45,22 @@ def finished_run(folder: Path, recorded: bool = True) -> Path:
     """An output folder as a finished CPU-demo run leaves it (the files that matter here)."""
     checkpoint(folder, 2)
     checkpoint(folder, 4)
-    (folder / "final").mkdir()
-    (folder / "final" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "tiny"}))
+    tmp = folder / ".final-being-written"
+    tmp.mkdir()
+    (tmp / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "tiny"}))
+    saving.publish(tmp, folder / "final", "train_2048")  # with its mark, as a run's save publishes it
     (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": 1.0}) + "\n" for s in (1, 2, 3, 4)))
     (folder / "training.log").write_text("the earlier run\n")
-    if recorded:  # the record a run of this train_2048 keeps of what it wrote (run_folder.take)
+    if recorded:  # the record a run of this train_2048 keeps of what it wrote (run_folder.Held.start)
         claims = [*run_folder.RUN_NAMES, "checkpoint-2", "checkpoint-4"]
-        run_folder.write_manifest(folder, sorted(claims), create=True)
+        record(folder, claims)
     return folder
+
+
+def record(folder: Path, claims: list[str], adopted: list[str] = ()) -> None:
+    """A run's record, as run_folder writes it."""
+    text = json.dumps({"train_2048_run": 1, "claims": sorted(claims), "adopted": sorted(adopted)})
+    (folder / run_folder.MANIFEST).write_text(text)
 
 
 def cut_short(file: Path) -> None:
@@ -264,7 +273,7 @@ TRAIN = [
     ("resume-bomb-header", ["--resume", "{root}/bomb/checkpoint-6"],
      ["adapter_model.safetensors is damaged", "does not fill bytes"]),  # fmt: skip
     # output folders: a link, or a file a run would write that is the user's
-    ("log-is-a-link", ["--output_dir", "{root}/log-link"], ["training.log, which no run of train_2048 recorded"]),
+    ("log-is-a-link", ["--output_dir", "{root}/log-link"], ["training.log is a symbolic link", "move it"]),
     ("log-is-the-users", ["--output_dir", "{root}/user-log"], ["training.log, which no run", "move it"]),
     ("model-folder-is-the-users", ["--output_dir", "{root}/user-model"], ["tiny-model, which no run"]),
     ("final-is-a-link", ["--output_dir", "{root}/linked-final", "--resume", "auto"], ["final is a symbolic link"]),
@@ -408,16 +417,25 @@ def test_a_second_run_is_refused_before_anything_is_written(place, capsys, monke
     assert snapshot(place / "outputs") == before
 
 
+def held(run: Path, **asked):
+    """The folder taken and started as train_2048 does once its checks pass."""
+    taken = run_folder.take(run, **asked)
+    taken.start()
+    return taken
+
+
 def test_overwrite_deletes_only_what_the_run_recorded(tmp_path):
     """--overwrite_output_dir deletes what the run's record claims, nothing else: the user's files before and after
-    it, names like a run's included (the hostile corpus of issue 46), and never what a link points to."""
+    it, names like a run's included (the hostile corpus of issue 46, and names that begin as our temporary ones do),
+    and never what a link points to."""
     run, outside = tmp_path / "run", tmp_path / "outside"
     mine = {"README.md": "mine", "final-report.md": "r", "checkpoint-notes.txt": "n", "final.pdf": "p",
-            "final.bak/a": "b", "sft/a": "s", "runs/other-project/events": "e", "tiny-model-v2/config.json": "{}"}  # fmt: skip
+            "final.bak/a": "b", "sft/a": "s", "runs/other-project/events": "e", "tiny-model-v2/config.json": "{}",
+            ".strategies-mine/a": "m", ".train_2048-mine": "m", ".strategies-2-mine/a": "m"}  # fmt: skip
     for name, text in mine.items():
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_text(text)
-    os.close(run_folder.take(run, overwrite=False))  # the run starts: its record claims what it will write
+    first = held(run)  # the run starts: its record claims what it will write
     run_folder.claim(run, "runs/Nov28_host")
     (run / "runs" / "Nov28_host").mkdir()
     run_folder.claim(run, "checkpoint-2")
@@ -425,16 +443,17 @@ def test_overwrite_deletes_only_what_the_run_recorded(tmp_path):
     (run / "final").mkdir()
     (run / "metrics.jsonl").write_text("{}\n")
     (run / "training.log").write_text("log\n")
-    (run / ".strategies-2-x").mkdir()
-    (run / "strategies").symlink_to(".strategies-2-x")
+    copy = run_folder.make_folder(run, ".strategies-2-")
+    run_folder.claim(run, copy.name)
+    (run / "strategies").symlink_to(copy.name)
+    first.release()
     (outside / "keep").mkdir(parents=True)
     (outside / "keep" / "data").write_text("outside")
     (run / "tiny-model").symlink_to(outside / "keep")  # a claimed name turned into a link: the link goes, not its target
     mine |= {"notes-after.txt": "later", "final-report-2.md": "later"}  # the user's files added beside the run
     (run / "notes-after.txt").write_text("later")
     (run / "final-report-2.md").write_text("later")
-    run_folder.check_folder(run, fresh=True, overwrite=True, resume=False)
-    os.close(run_folder.take(run, overwrite=True))
+    held(run, overwrite=True).release()
     assert {name: (run / name).read_text() for name in mine} == mine
     left = {p.name for p in run.iterdir()} - {n.split("/")[0] for n in mine}
     assert left == {run_folder.MANIFEST, run_folder.LOCK}, left
@@ -443,17 +462,23 @@ def test_overwrite_deletes_only_what_the_run_recorded(tmp_path):
 
 
 def test_a_folder_of_a_run_without_its_record_is_refused_not_guessed_at(tmp_path, capsys):
-    """An older train_2048's run (no record): --overwrite_output_dir deletes nothing and says why; --resume auto
-    adopts it."""
+    """An older train_2048's run (no record): --overwrite_output_dir deletes nothing and says why, and its advice
+    works: --resume auto adopts it, and nothing it adopted is ever deleted (--overwrite_output_dir then names them)."""
     run = finished_run(tmp_path / "run", recorded=False)
     before = snapshot(run)
     with pytest.raises(SystemExit) as stop:
         train_2048.main(["--config", DEMO, "--output_dir", str(run), "--overwrite_output_dir", "true"])
     line = one_line(capsys, "train_2048")
-    assert stop.value.code == 2 and "no record of what a run wrote there" in line and snapshot(run) == before
-    os.close(run_folder.take(run, overwrite=False))  # what --resume auto does once its checks pass
-    claims = run_folder.read_manifest(run)["claims"]
-    assert {"checkpoint-2", "checkpoint-4", "final", "metrics.jsonl", "training.log"} <= set(claims)
+    assert stop.value.code == 2 and "a run of an older train_2048" in line and "no record" in line, line
+    assert "continue it with --resume auto" in line and snapshot(run) == before
+    held(run, resume="auto").release()  # what --resume auto does once its checks pass
+    record = run_folder.read_manifest(run)
+    assert {"checkpoint-2", "checkpoint-4", "final", "metrics.jsonl", "training.log"} <= set(record["adopted"])
+    assert not set(record["adopted"]) & set(record["claims"])
+    adopted = snapshot(run)
+    with pytest.raises(run_folder.FolderRefused, match="never deletes: move them yourself"):
+        run_folder.take(run, overwrite=True)
+    assert snapshot(run) == adopted
 
 
 def test_resume_auto_skips_damaged_checkpoints_and_names_them(tmp_path):
@@ -469,9 +494,11 @@ def test_resume_auto_skips_damaged_checkpoints_and_names_them(tmp_path):
     checkpoint(run, 10)
     (run / "checkpoint-10" / "trainer_state.json").write_text(json.dumps({"global_step": 2}))  # renamed by hand
     (run / "checkpoint-12.tmp").mkdir()
-    script, settings, grpo, model = options.parse_args(["--config", DEMO, "--output_dir", str(run), "--resume", "auto"])
-    found, notes = options.resume_point(script, grpo, model, run)
-    assert found == good
+    record(run, [*run_folder.RUN_NAMES, *(f"checkpoint-{n}" for n in (2, 4, 6, 8, 10))])
+    taken = run_folder.take(run, resume="auto")
+    taken.release()
+    assert taken.checkpoint == good
+    notes = taken.notes
     assert [note.split(":")[0] for note in notes] == [f"checkpoint-{s} is skipped" for s in (10, 8, 6, 4)]
     assert "of step 2, not 10" in notes[0] and "trainer_state.json cannot be read" in notes[2]
     assert "rng_state.pth is damaged" in notes[3]

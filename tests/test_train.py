@@ -154,7 +154,7 @@ def test_unsloth_refuses_a_router_loss_before_loading(tmp_path, capsys):
     for coef in ("0", None):  # 0, and the model's own (checked once the model is loaded)
         extra = ["--router_aux_loss_coef", coef] if coef else []
         script, grpo, model, settings = parse("--config", DEMO, "--output_dir", str(tmp_path), *extra)
-        assert options.check_before_loading(script, settings, grpo, model, backend="unsloth") == (None, [])
+        assert options.check_before_loading(script, settings, grpo, model, backend="unsloth") == []
 
 
 def test_training_without_the_seccomp_wall_stops_with_one_line(tmp_path, capsys):
@@ -168,7 +168,7 @@ def test_training_without_the_seccomp_wall_stops_with_one_line(tmp_path, capsys)
             options.check_before_loading(script, settings, grpo, model, backend="transformers")
         assert str(exc.value).startswith("the sandbox has no seccomp wall here")
         optout = parse("--config", DEMO, "--output_dir", str(tmp_path / "out"), "--require_seccomp", "false")
-        assert options.check_before_loading(*optout[:1], optout[3], optout[1], optout[2], "transformers")[0] is None
+        assert options.check_before_loading(*optout[:1], optout[3], optout[1], optout[2], "transformers") == []
     finally:
         sandbox.shutdown()
 
@@ -176,16 +176,30 @@ def test_training_without_the_seccomp_wall_stops_with_one_line(tmp_path, capsys)
 # --- checkpoints, saving helpers -----------------------------------------------------------------------------
 
 
-def test_publish_replaces_a_folder_whole_and_only_its_own(tmp_path):
-    """publish() puts a folder in place whole, replaces only a folder the same command wrote (its mark), and leaves
-    nothing beside it; a user's folder of the same name is refused, untouched."""
+def test_publish_replaces_only_the_files_it_wrote(tmp_path):
+    """publish() puts a folder in place whole; over a folder the same command published, it replaces the files its mark
+    lists (one it wrote and no longer writes goes) and nothing else there (a user's file, an evaluation's folder), and
+    leaves nothing beside it; a user's folder of the same name is refused, untouched, and so is a file of the user's
+    put in place of one it wrote."""
     target = tmp_path / "final"
     for content in ("1", "2"):
         tmp = saving.fresh(target)
         (tmp / "new").write_text(content)
+        (tmp / f"only-{content}").write_text(content)
         saving.publish(tmp, target, "train_2048")
+        (target / "mine.txt").write_text("mine")
+        (target / "eval").mkdir(exist_ok=True)
+        (target / "eval" / "results.json").write_text("{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
-    assert sorted(p.name for p in target.iterdir()) == [saving.MARK, "new"] and (target / "new").read_text() == "2"
+    assert sorted(p.name for p in target.iterdir()) == [saving.MARK, "eval", "mine.txt", "new", "only-2"]
+    assert (target / "new").read_text() == "2" and (target / "eval" / "results.json").read_text() == "{}"
+    (target / "new").unlink()
+    (target / "new").write_text("the user's own, in place of ours")
+    tmp = saving.fresh(target)
+    (tmp / "new").write_text("3")
+    with pytest.raises(saving.NotOurs, match="holds new, which train_2048 did not write"):
+        saving.publish(tmp, target, "train_2048")
+    assert (target / "new").read_text() == "the user's own, in place of ours" and (target / "only-2").exists()
     users = tmp_path / "users"
     users.mkdir()
     (users / "keep").write_text("mine")

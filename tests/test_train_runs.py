@@ -332,6 +332,35 @@ def test_resuming_with_other_adapters_is_one_line(full_run, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_finished_run_resumed_further_replaces_only_its_own_files_in_final(full_run, tmp_path):
+    """--resume auto with a higher --max_steps saves final/ again: the files the earlier save listed are replaced by
+    this save's, and what the user put in final/ (a file, an evaluation's folder) stays; a run or an evaluation into a
+    folder inside final/ is refused before it writes anything."""
+    import evaluate_2048
+
+    reference, _ = full_run
+    out = tmp_path / "out"
+    shutil.copytree(reference, out, symlinks=True)  # a copy that keeps the files' times: its marks still hold
+    (out / "final" / "my-notes.txt").write_text("mine")
+    refused = train(*SHORT, "--output_dir", str(out / "final" / "x"))
+    assert refused.returncode == 2 and "is inside" in refused.stderr and not (out / "final" / "x").exists()
+    strategy = tmp_path / "up.py"
+    strategy.write_text("def strategy(board):\n    return 'W'\n")
+    with pytest.raises(SystemExit):
+        evaluate_2048.main(["--strategy", str(strategy), "--no-baselines", "--games", "1", "--output_dir",
+                            str(out / "final" / "eval")])  # fmt: skip
+    (out / "final" / "eval").mkdir()  # an evaluation's folder from before (a user's, or an older train_2048's)
+    (out / "final" / "eval" / "results.json").write_text("{}")
+    before = (out / "final" / "adapter_model.safetensors").read_bytes()
+    result = train(*SHORT, "--max_steps", "6", "--output_dir", str(out), "--resume", "auto")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert (out / "final" / "my-notes.txt").read_text() == "mine" and (out / "final" / "eval" / "results.json").is_file()
+    assert (out / "final" / "adapter_model.safetensors").read_bytes() != before  # step 6's adapters
+    mark = json.loads((out / "final" / ".train_2048-wrote-this").read_text())
+    assert "adapter_model.safetensors" in mark["files"] and not {"my-notes.txt", "eval"} & set(mark["files"])
+
+
+@pytest.mark.slow
 def test_a_run_over_a_finished_one_then_a_full_disk_then_resume(full_run, tmp_path):
     """A finished run's folder, started over with --overwrite_output_dir: nothing of the earlier run is left to mix
     with the new one. Then the disk fills up while checkpoint-4 is written (a file-size limit, set from outside once
@@ -403,7 +432,7 @@ def test_a_second_run_into_a_live_runs_folder_is_refused_and_a_killed_runs_lock_
         first.kill()
         first.wait()
     assert run_folder.lock_holder(out) is None
-    run_folder.check_folder(out, fresh=False, overwrite=False, resume=True)  # --resume auto may go on
+    run_folder.take(out, resume="auto").release()  # --resume auto may go on
 
 
 def test_warnings_for_no_learning_signal_and_clipped_completions(tmp_path):
