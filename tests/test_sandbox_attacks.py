@@ -569,9 +569,10 @@ def test_each_step_outside_scores_exactly_like_the_forbidden_import(monkeypatch)
     monkeypatch.setattr(rewards.sandbox, "play_many", functools.partial(sandbox.play_many, _unrestricted=True))
     completions = [fenced(escaped(OUTSIDE[step])) for step in steps]
     rewards._analyse_text.cache_clear()
+    limits = dict(move_time_limit=1.0 * TIME_SCALE, game_time_limit=3.0 * TIME_SCALE)  # test_contract.FAST's
     try:
-        scores = scored(completions)
-        verdicts = rewards.make_judge(rewards.RewardSettings(size=3, target=64, games=1))(completions)
+        scores = scored(completions, **limits)
+        verdicts = rewards.make_judge(rewards.RewardSettings(size=3, target=64, games=1, **limits))(completions)
     finally:
         rewards._analyse_text.cache_clear()
     assert forbidden == FORBIDDEN_SCORE
