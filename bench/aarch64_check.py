@@ -135,7 +135,7 @@ def junit_counts(path: Path) -> dict:
         if case.find("failure") is not None or case.find("error") is not None:
             counts["failed"].append(name)
         elif case.find("skipped") is not None:
-            counts["skipped"].append(f"{name} ({case.find('skipped').get('message', '')})")
+            counts["skipped"].append([name, case.find("skipped").get("message", "")])
     return counts
 
 
@@ -346,8 +346,11 @@ def report(result: dict | None, start: float) -> int:
               + ", ".join(f"{name} {count}" for name, count in kills.items()) + ")")  # fmt: skip
     for name in failed:
         print(f"  failed: {name}")
-    for name in skipped:
-        print(f"  skipped (a check that did not run is not a pass): {name}")
+    reasons: dict[str, list[str]] = {}
+    for name, reason in skipped:
+        reasons.setdefault(reason, []).append(name)
+    for reason, names in reasons.items():  # a check that did not run is not a pass
+        print(f"  skipped: {len(names)} ({reason}): " + ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""))
     print("aarch64 check " + ("passed" if passed(result) else "FAILED"))
     return 0 if passed(result) else 1
 
