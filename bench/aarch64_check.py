@@ -6,13 +6,14 @@ arm64 kernel boots it under qemu-system-aarch64 in seconds. There, as root (so t
 runs CHECKS: the kernel walls, every honest answer of the tests, the players' games and a reward batch exactly as
 recorded on x86_64, with the tests' own game limits scaled for emulation (TRAIN2048_TEST_TIME_SCALE, never the
 product's). Then the kernel's log names the system call of every child it killed. On an aarch64 machine the same
-checks run natively, without QEMU (as root, or the tests of the change of user are skipped and the check fails).
+checks run natively, without QEMU (without root, the change of user is not checked, and the report says so).
 
     .venv/bin/python bench/aarch64_check.py                 # the root is built once and kept in .aarch64/
     .venv/bin/python bench/aarch64_check.py -- -k fork      # pytest's options after --, to narrow the checks
 
-Exit status: 0 when every check ran and passed; 1 when one failed or was skipped, or the VM did not report in time;
-2 when a tool is missing (apt-get install -y qemu-system-arm mmdebstrap cpio). docs/PERF.md has its time.
+Exit status: 0 when every check ran and passed; 1 when one failed or was skipped (but for that), or the VM did not
+report in time; 2 when a tool is missing (apt-get install -y qemu-system-arm mmdebstrap cpio). docs/PERF.md has its
+time, docs/SECURITY.md what it proves.
 """
 
 from __future__ import annotations
@@ -323,9 +324,17 @@ def relay(lines) -> dict | None:
 # --- the verdict -----------------------------------------------------------------------------------------------------
 
 
+# What a run without root cannot check (natively, as a DGX Spark's user): said, and there not a failure. The reason
+# tests/test_sandbox_attacks.py's root_only gives.
+NOT_ROOT = "children change user only when the trainer is root"
+
+
 def passed(result: dict | None) -> bool:
-    """Every check ran and passed: pytest's status 0, tests run, none failed, none skipped."""
-    return bool(result) and result["rc"] == 0 and result["tests"] > 0 and not result["failed"] and not result["skipped"]
+    """Every check ran and passed: pytest's status 0, tests run, none failed, none skipped (but the change of user's
+    where we are not root)."""
+    if not result or result["rc"] != 0 or result["tests"] == 0 or result["failed"]:
+        return False
+    return all(not result["root"] and reason == NOT_ROOT for _, reason in result["skipped"])
 
 
 def report(result: dict | None, start: float) -> int:
@@ -350,7 +359,8 @@ def report(result: dict | None, start: float) -> int:
     for name, reason in skipped:
         reasons.setdefault(reason, []).append(name)
     for reason, names in reasons.items():  # a check that did not run is not a pass
-        print(f"  skipped: {len(names)} ({reason}): " + ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""))
+        what = "not checked without root" if reason == NOT_ROOT and not result["root"] else "skipped"
+        print(f"  {what}: {len(names)} ({reason}): " + ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""))
     print("aarch64 check " + ("passed" if passed(result) else "FAILED"))
     return 0 if passed(result) else 1
 

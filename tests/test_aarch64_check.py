@@ -33,6 +33,18 @@ def test_anything_short_of_every_check_passing_fails(change, capsys):
     assert "by system call: 3 (clone 2, openat 1)" in out
 
 
+def test_without_root_only_the_change_of_users_tests_may_be_skipped(capsys):
+    """Natively, as a DGX Spark's user, the change of user is not checked: said, and not a failure; as root it is."""
+    from test_sandbox_attacks import root_only
+
+    assert check.NOT_ROOT == root_only.kwargs["reason"]
+    user = {**RESULT, "root": False, "skipped": [["t.py::user", check.NOT_ROOT]]}
+    assert check.report(user, time.monotonic()) == 0
+    assert "not checked without root: 1" in capsys.readouterr().out
+    assert check.report({**user, "root": True}, time.monotonic()) == 1
+    assert check.report({**user, "skipped": [*user["skipped"], ["t.py::x", "other"]]}, time.monotonic()) == 1
+
+
 def test_the_result_line_is_read_behind_a_kernel_message(capsys):
     lines = ["Booting Linux\n", "[  12.3] audit: kauditd hold queue overflow" + check.MARK + json.dumps(RESULT) + "\n"]
     assert check.relay(iter(lines)) == RESULT
