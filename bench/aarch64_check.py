@@ -249,6 +249,7 @@ def base_root() -> tuple[Path, Path]:
     for old in [*CACHE.glob("vmlinuz-*"), *CACHE.glob("root-*.cpio")]:  # another recipe's
         old.unlink()
     print(f"aarch64 check: building the arm64 root in {CACHE} (once)", flush=True)
+    start = time.monotonic()
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         root = Path(tmp) / "root"
         subprocess.run(["mmdebstrap", "--quiet", "--variant=extract", "--architectures=arm64",
@@ -266,6 +267,7 @@ def base_root() -> tuple[Path, Path]:
                            check=True)  # fmt: skip
         os.replace(Path(tmp) / "vmlinuz", kernel)
         os.replace(Path(tmp) / "root.cpio", archive)
+    print(f"aarch64 check: root built in {time.monotonic() - start:.0f} s ({archive.stat().st_size >> 20} MiB)")
     return kernel, archive
 
 
