@@ -87,7 +87,7 @@ python3 bench/aarch64_check.py --inside {args}
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="after --: options for pytest")
-    parser.add_argument("--time_scale", type=float, default=TIME_SCALE, help="multiply the tests' game limits (VM)")
+    parser.add_argument("--time_scale", type=float, help=f"scale tests' game limits ({TIME_SCALE:g} in a VM, else 1)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds the VM may take before it is a failure")
     parser.add_argument("--full", action="store_true", help="also the widest honest tour (~3 min more in the VM)")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # in the VM, or natively
@@ -97,12 +97,12 @@ def main() -> int:
     if not args.full and not args.inside:
         extra = ["--deselect", WIDEST, *extra]
     if args.inside:
-        return run_checks(args.time_scale, extra)
+        return run_checks(args.time_scale or 1.0, extra)
     if platform.machine() == "aarch64":
         start = time.monotonic()
         print("aarch64 check: natively on this aarch64 machine, no VM", flush=True)
-        return report(run_natively(extra), start)
-    return in_vm(args, extra)
+        return report(run_natively(args.time_scale or 1.0, extra), start)
+    return in_vm(args.time_scale or TIME_SCALE, args.timeout, extra)
 
 
 # --- where the checks run: inside the VM, or natively on aarch64 ---------------------------------------------------
@@ -112,13 +112,15 @@ def run_checks(time_scale: float, extra: list[str]) -> int:
     """Run CHECKS with pytest, then print one MARK line: the counts, the failures and what the kernel killed."""
     start = time.monotonic()
     kernel_log = KernelLog()
-    junit = Path(tempfile.mkdtemp()) / "junit.xml"
     env = dict(os.environ, TRAIN2048_TEST_TIME_SCALE=str(time_scale))
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--durations=15", f"--junitxml={junit}",
-           *CHECKS, *extra]  # fmt: skip
-    rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--durations=15", f"--junitxml={junit}",
+               *CHECKS, *extra]  # fmt: skip
+        rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
+        counts = junit_counts(junit)
     result = dict(
-        rc=rc, seconds=round(time.monotonic() - start, 1), time_scale=time_scale, **junit_counts(junit),
+        rc=rc, seconds=round(time.monotonic() - start, 1), time_scale=time_scale, **counts,
         machine=platform.machine(), kernel=platform.release(), python=platform.python_version(),
         root=os.geteuid() == 0, kills=kernel_log.seccomp_kills(),
     )  # fmt: skip
@@ -126,8 +128,8 @@ def run_checks(time_scale: float, extra: list[str]) -> int:
     return 0 if passed(result) else 1
 
 
-def run_natively(extra: list[str]) -> dict | None:
-    cmd = [sys.executable, __file__, "--inside", "--time_scale", "1", "--", *extra]
+def run_natively(time_scale: float, extra: list[str]) -> dict | None:
+    cmd = [sys.executable, __file__, "--inside", "--time_scale", str(time_scale), "--", *extra]
     with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True) as checks:
         return relay(checks.stdout)
 
@@ -192,7 +194,7 @@ class KernelLog:
 # --- the VM ----------------------------------------------------------------------------------------------------------
 
 
-def in_vm(args, extra: list[str]) -> int:
+def in_vm(time_scale: float, timeout: float, extra: list[str]) -> int:
     start = time.monotonic()
     missing = [tool for tool in ("qemu-system-aarch64", "mmdebstrap", "cpio") if shutil.which(tool) is None]
     if missing:
@@ -210,7 +212,7 @@ def in_vm(args, extra: list[str]) -> int:
         packages = overlay / "usr/lib/python3/dist-packages"  # pure Python: libseccomp through ctypes
         packages.mkdir(parents=True)
         shutil.copy(pyseccomp.origin, packages / "pyseccomp.py")
-        pytest_args = " ".join(shell_quote(a) for a in ["--time_scale", str(args.time_scale), "--", *extra])
+        pytest_args = " ".join(shell_quote(a) for a in ["--time_scale", str(time_scale), "--", *extra])
         (overlay / "init").write_text(INIT.format(args=pytest_args))
         byte_compile(overlay, ["project"])
         (overlay / "init").chmod(0o755)
@@ -224,11 +226,11 @@ def in_vm(args, extra: list[str]) -> int:
     cpus = str(max(1, min(4, os.cpu_count() or 1)))
     cmd = QEMU + ["-smp", cpus, "-kernel", str(kernel), "-initrd", str(initrd),
                   "-append", f"console=ttyAMA0 rdinit=/init quiet {AUDIT}"]  # fmt: skip
-    print(f"aarch64 check: booting Debian {SUITE} arm64 under {' '.join(cmd[:5])} (time scale {args.time_scale:g})",
+    print(f"aarch64 check: booting Debian {SUITE} arm64 under {' '.join(cmd[:5])} (time scale {time_scale:g})",
           flush=True)  # fmt: skip
     vm = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        result = relay(lines_until(vm, start + args.timeout))
+        result = relay(lines_until(vm, start + timeout))
     finally:
         if vm.poll() is None:
             vm.kill()
@@ -353,9 +355,11 @@ def report(result: dict | None, start: float) -> int:
         return 1
     failed, skipped = result["failed"], result["skipped"]
     ran = result["tests"] - len(failed) - len(skipped)
-    print(f"\naarch64 check on {result['machine']} (Linux {result['kernel']}, Python {result['python']}, "
-          f"{'root' if result['root'] else 'not root'}, time scale {result['time_scale']:g}): {ran} passed, "
-          f"{len(failed)} failed, {len(skipped)} skipped; tests {result['seconds']:.0f} s, all {took:.0f} s")  # fmt: skip
+    print(
+        f"\naarch64 check on {result['machine']} (Linux {result['kernel']}, Python {result['python']}, "
+        f"{'root' if result['root'] else 'not root'}, time scale {result['time_scale']:g}): {ran} passed, "
+        f"{len(failed)} failed, {len(skipped)} skipped; tests {result['seconds']:.0f} s, all {took:.0f} s"
+    )
     kills = result["kills"]
     if kills is None:
         print("  children the kernel killed: its log is not readable here")
