@@ -4,10 +4,11 @@
 #                # (again: make demo ARGS="--overwrite_output_dir true", or ARGS="--resume auto")
 #   make test    # ruff, then every test (slow ones included), then the Unsloth tier in a process of its own
 #   make gpu-check  # on a GPU machine: whether the default path works and how fast (docs/GPU_CHECK.md), planned at ~6 min
+#   make aarch64-check  # the sandbox's checks on an aarch64 kernel, a DGX Spark's CPU: in a VM here, natively there
 VENV := .venv
 STAMP := $(VENV)/.setup-done
 
-.PHONY: demo test gpu-check
+.PHONY: demo test gpu-check aarch64-check
 
 $(STAMP): setup.sh requirements.txt requirements-cpu.txt
 	bash setup.sh
@@ -29,3 +30,8 @@ test: $(STAMP) $(VENV)/bin/pytest
 # A DGX Spark's exports (setup.sh writes them there) apply to the check's runs too.
 gpu-check: $(STAMP)
 	if [ -f $(VENV)/gb10.env ]; then . ./$(VENV)/gb10.env; fi; $(VENV)/bin/python bench/gpu_matrix.py 1
+
+# An arm64 VM built from Debian's packages on any other machine (apt-get install -y qemu-system-arm mmdebstrap cpio;
+# the root is kept in .aarch64/), natively on an aarch64 one (bench/aarch64_check.py).
+aarch64-check: $(STAMP) $(VENV)/bin/pytest
+	$(VENV)/bin/python bench/aarch64_check.py

@@ -257,9 +257,11 @@ def drop_to_own_user() -> None:
 # The child's only system calls once it is walled in (seccomp allowlist; anything else kills it). What a running
 # CPython needs to compute: memory, clocks and sleep, random bytes, its pipes, and its own end: a fatal error of
 # CPython's or the C library's reports on stderr and calls abort(), which signals the process itself with SIGABRT (a
-# crash, as in plain Python). Measured by tracing children through every sandbox test; names missing on an architecture
-# (aarch64 has no `time`) are skipped. Not here, so fatal: every file, socket, IPC, process, scheduling, fcntl/ioctl
-# and prctl call, and every signal but abort()'s to itself.
+# crash, as in plain Python). Measured by tracing children through every sandbox test on x86_64; on aarch64 (a DGX
+# Spark) the same list holds, each name by that architecture's number: bench/aarch64_check.py plays the tests' honest
+# answers and the kernel-wall steps on an aarch64 kernel, and no call was missing. Names missing on an architecture
+# (aarch64 has no `time`: its C library reads the clock with clock_gettime) are skipped. Not here, so fatal: every
+# file, socket, IPC, process, scheduling, fcntl/ioctl and prctl call, and every signal but abort()'s to itself.
 _ALLOWED_SYSCALLS = (
     # memory (the allocator); protections of its own pages only. mmap and madvise: argument checks below
     "brk", "munmap", "mremap", "mprotect",
@@ -274,7 +276,7 @@ _ALLOWED_SYSCALLS = (
 )  # fmt: skip
 _FUTEX_PRIVATE_FLAG, _PRIVATE_FUTEX_OPS = 128, (0, 1, 9, 10)  # WAIT, WAKE, WAIT_BITSET, WAKE_BITSET
 _OWN_PID = 0x7EADBEEF  # stands for the child's own pid in the filter: SeccompProgram.load writes it in
-_MAP_HUGETLB, _MAP_LOCKED = 0x40000, 0x2000
+_MAP_HUGETLB, _MAP_LOCKED = 0x40000, 0x2000  # these and the values below: Linux's generic ones, x86_64's and aarch64's
 _MADVICE = (0, 1, 2, 3, 4, 8, 14, 15)  # NORMAL, RANDOM, SEQUENTIAL, WILLNEED, DONTNEED, FREE, (NO)HUGEPAGE
 
 

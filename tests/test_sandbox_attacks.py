@@ -13,6 +13,7 @@ listener, and that no process is left (our children, and any process carrying an
 """
 
 import ctypes
+import mmap
 import os
 import platform
 import signal
@@ -28,13 +29,17 @@ import pytest
 
 import game2048
 import sandbox
+import sandbox_child
 import sandbox_server
 import strategies
 
 MARK = "train2048-attack-marker"
 SECRET = "s3cr3t-train2048-fake-token"
 SEED = 918273645  # distinctive, so a search of the child's objects cannot find it by accident
-LIMITS = dict(move_time_limit=0.5, game_time_limit=1.0)
+# How many times slower this machine runs than those the tests' limits were set on: bench/aarch64_check.py sets it under
+# emulation. It scales the limits of these tests' own games; the product's limits never read it.
+TIME_SCALE = float(os.environ.get("TRAIN2048_TEST_TIME_SCALE", "1"))
+LIMITS = dict(move_time_limit=0.5 * TIME_SCALE, game_time_limit=1.0 * TIME_SCALE)
 
 
 def strategy(body: str, prelude: str = "") -> str:
@@ -50,6 +55,21 @@ def server():
     sandbox.start()
     yield
     sandbox.shutdown()
+
+
+def server_with(seccomp: bool = True, drop_root: bool = True) -> None:
+    """The sandbox's server with these walls, restarted only when it runs with others: a start takes seconds under
+    emulation (bench/aarch64_check.py)."""
+    if sandbox._test_switches != {"seccomp": seccomp, "drop_root": drop_root}:
+        sandbox.shutdown()
+    sandbox.start(_disable_seccomp=not seccomp, _keep_root=not drop_root)
+
+
+@pytest.fixture(autouse=True)
+def every_wall_unless_asked(request):
+    """Each test meets the default server (every wall on) unless it asks for fewer walls (the fixtures below)."""
+    if not {"walls", "uid_wall_alone", "os_layers_off"} & set(request.fixturenames):
+        server_with()
 
 
 class Listener:
@@ -117,20 +137,15 @@ def snapshot(root):
 
 
 LIBC = ctypes.CDLL(None, use_errno=True)
-SYSCALLS = {  # the calls the attacks below make through libc's syscall(), by architecture
-    "x86_64": dict(
-        ioprio_set=251,
-        ioprio_get=252,
-        mq_open=240,
-        pidfd_open=434,
-        pidfd_send_signal=424,
-        futex=202,
-        clock_nanosleep=230,
-    ),
-    "aarch64": dict(
-        ioprio_set=30, ioprio_get=31, mq_open=180, pidfd_open=434, pidfd_send_signal=424, futex=98, clock_nanosleep=115
-    ),
-}.get(platform.machine(), {})
+# The calls the attacks below make through libc's syscall(), by architecture: x86_64's own table, and aarch64's, the
+# generic one (include/uapi/asm-generic/unistd.h); test_the_call_numbers_are_the_kernels checks both against libseccomp.
+SYSCALLS_BY_ARCH = {
+    "x86_64": dict(tgkill=234, ioprio_set=251, ioprio_get=252, mq_open=240, pidfd_open=434, pidfd_send_signal=424,
+                   futex=202, clock_nanosleep=230, socket=41),
+    "aarch64": dict(tgkill=131, ioprio_set=30, ioprio_get=31, mq_open=180, pidfd_open=434, pidfd_send_signal=424,
+                    futex=98, clock_nanosleep=115, socket=198),
+}  # fmt: skip
+SYSCALLS = SYSCALLS_BY_ARCH.get(platform.machine(), {})
 
 
 def trainer_state():
@@ -198,7 +213,7 @@ def attack(code: str, expect, *, unrestricted=False, **kwargs) -> sandbox.GameRe
     expect = (expect,) if isinstance(expect, str) else expect
     assert result.status in expect, result
     assert result.status != "success", result
-    assert elapsed <= args["game_time_limit"] + 1.0, (elapsed, result)
+    assert elapsed <= args["game_time_limit"] + 1.0 * TIME_SCALE, (elapsed, result)
     assert SECRET not in result.error
     assert psutil.pid_exists(os.getpid())
     return result
@@ -217,7 +232,7 @@ def test_loop_that_catches_base_exception(world):
                 pass
     """)
     r = attack(code, "timeout")
-    assert "0.5 s" in r.error
+    assert f"{LIMITS['move_time_limit']:g} s" in r.error
 
 
 def test_loop_in_finally(world):
@@ -226,7 +241,7 @@ def test_loop_in_finally(world):
 
 def test_the_game_limit_stops_a_strategy_that_is_slow_on_every_move(world):
     r = attack(strategy("import time\ntime.sleep(0.3)\nreturn 'W'"), "timeout")
-    assert r.error == "the game took longer than 1 s" and r.max_tile >= 2
+    assert r.error == f"the game took longer than {LIMITS['game_time_limit']:g} s" and r.max_tile >= 2
 
 
 def test_long_c_call_sum(world):
@@ -329,7 +344,8 @@ def test_c_recursion_segfault_is_a_crash(world):
     """)
     # Python 3.11 overflows the C stack (SIGSEGV); 3.12 counts C recursion and raises RecursionError: either way the
     # child ends and nothing else is touched.
-    r = attack(code, ("crash", "error"), unrestricted=True, move_time_limit=3.0, game_time_limit=3.0)
+    limits = dict(move_time_limit=3.0 * TIME_SCALE, game_time_limit=3.0 * TIME_SCALE)
+    r = attack(code, ("crash", "error"), unrestricted=True, **limits)
     assert "SIGSEGV" in r.error if r.status == "crash" else r.error.startswith("RecursionError")
 
 
@@ -405,13 +421,8 @@ def test_fd_limit_alone(world, os_layers_off):
 def walls(request):
     """The default server, then one whose children keep our user (root here, where tests run as root): each
     attack below must be caught in both, so seccomp holds on its own."""
-    if request.param == "seccomp alone":
-        sandbox.shutdown()
-        sandbox.start(_keep_root=True)
-    yield request.param
-    if request.param == "seccomp alone":
-        sandbox.shutdown()
-        sandbox.start()
+    server_with(drop_root=request.param == "all layers")
+    return request.param
 
 
 # What escaped code uses below: modules already loaded in the child (the server imports them for these tests) and
@@ -424,7 +435,8 @@ WORD, TS = ctypes.c_int(0), (ctypes.c_long * 2)(0, 1)
 """
 # One step outside its own process each, as escaped code would take it: it catches the error and plays on. The
 # kernel must kill the child at the step, whatever the step returns; {me} is the trainer, {group} its process group,
-# {server} the sandbox's server, {home} and {checkpoint} the world fixture's. Calls by number are x86_64's.
+# {server} the sandbox's server, {home} and {checkpoint} the world fixture's, {futex} and the like the call's number
+# on this machine (SYSCALLS).
 OUTSIDE = {
     # signals, to anyone, itself included
     "kill the referee": "os.kill(os.getppid(), signal.SIGURG)",
@@ -434,9 +446,9 @@ OUTSIDE = {
     "killpg the trainer's group": "os.killpg({group}, signal.SIGURG)",
     "kill itself": "os.kill(os.getpid(), signal.SIGKILL)",
     "pthread_kill itself": "signal.pthread_kill(threading.main_thread().ident, signal.SIGURG)",
-    "abort()'s signal to the trainer (tgkill)": "LIBC.syscall(234, {me}, {me}, signal.SIGABRT)",
+    "abort()'s signal to the trainer (tgkill)": "LIBC.syscall({tgkill}, {me}, {me}, signal.SIGABRT)",
     "abort()'s signal to the referee (kill)": "os.kill(os.getppid(), signal.SIGABRT)",
-    "pidfd_open of the trainer": "LIBC.syscall(434, {me}, 0)",
+    "pidfd_open of the trainer": "LIBC.syscall({pidfd_open}, {me}, 0)",
     "a signal handler": "signal.signal(signal.SIGTERM, signal.SIG_IGN)",
     "an interval timer": "signal.setitimer(signal.ITIMER_REAL, 0)",
     # signals the kernel would send on its behalf, its scheduling and others'
@@ -449,7 +461,7 @@ OUTSIDE = {
     "sched_setscheduler of the trainer": "os.sched_setscheduler({me}, os.SCHED_IDLE, os.sched_param(0))",
     "setpriority of the trainer": "os.setpriority(os.PRIO_PROCESS, {me}, 19)",
     "setpriority of a group": "os.setpriority(os.PRIO_PGRP, 0, 19)",
-    "ioprio_set of the trainer": "LIBC.syscall(251, 1, {me}, 3 << 13)",
+    "ioprio_set of the trainer": "LIBC.syscall({ioprio_set}, 1, {me}, 3 << 13)",
     "setsid": "os.setsid()",
     # processes and threads
     "fork": "os.fork()",
@@ -458,7 +470,10 @@ OUTSIDE = {
     "subprocess": "subprocess.Popen(['sh', '-c', 'sleep 30 # " + MARK + "'])",
     "posix_spawn": "os.posix_spawn('/bin/sleep', ['sleep', '30', '" + MARK + "'], {{}})",
     "exec": "os.execv('/bin/sleep', ['sleep', '30', '" + MARK + "'])",
-    "another system call ABI (x32 socket)": "LIBC.syscall(0x40000000 | 41, 2, 1, 0)",
+    # the same call under a number of another ABI (x86_64's x32; aarch64 has one ABI for 64-bit code, so there it is a
+    # number in no table), and under one whose upper 32 bits the kernel drops: the filter must see what the kernel runs
+    "socket by another ABI's number": "LIBC.syscall(0x40000000 | {socket}, 2, 1, 0)",
+    "socket by a number with its upper bits set": "LIBC.syscall(ctypes.c_long((1 << 32) | {socket}), 2, 1, 0)",
     # files, /proc and the environment of others
     "open a secret": "open('{home}/.netrc').read()",
     "write the checkpoint": "os.open('{checkpoint}/adapter_model.safetensors', os.O_WRONLY | os.O_TRUNC)",
@@ -488,13 +503,13 @@ OUTSIDE = {
     "SysV shared memory": "LIBC.shmget(0, 768 << 20, 0o1600)",
     "SysV message queue": "LIBC.msgget(0, 0o1600)",
     "SysV semaphore": "LIBC.semget(0, 1, 0o1600)",
-    "a POSIX message queue": "LIBC.syscall(240, b'/" + MARK + "', os.O_CREAT | os.O_RDWR, 0o600, None)",
+    "a POSIX message queue": "LIBC.syscall({mq_open}, b'/" + MARK + "', os.O_CREAT | os.O_RDWR, 0o600, None)",
     # other processes' clocks and shared futexes
     "another process's CPU clock": "time.clock_gettime(((~{me}) << 3) | 2)",
     "another process's clock resolution": "time.clock_getres(((~1) << 3) | 2)",
-    "sleep on another process's clock": "LIBC.syscall(230, ((~{me}) << 3) | 2, 0, ctypes.byref(TS), None)",
-    "a shared futex": "LIBC.syscall(202, ctypes.byref(WORD), 1, 1, None, None, 0)",
-    "a priority-inheritance futex": "LIBC.syscall(202, ctypes.byref(WORD), 6, 0, None, None, 0)",
+    "sleep on another process's clock": "LIBC.syscall({clock_nanosleep}, ((~{me}) << 3) | 2, 0, ctypes.byref(TS), None)",
+    "a shared futex": "LIBC.syscall({futex}, ctypes.byref(WORD), 1, 1, None, None, 0)",
+    "a priority-inheritance futex": "LIBC.syscall({futex}, ctypes.byref(WORD), 6, 0, None, None, 0)",
     # memory that reaches beyond the process
     "pinned pages": "LIBC.mmap(None, 2 << 20, 3, 0x22 | 0x2000, -1, 0)",
     "the huge-page pool": "LIBC.mmap(None, 2 << 20, 3, 0x22 | 0x40000, -1, 0)",
@@ -507,7 +522,7 @@ INSIDE = [
     "time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)",
     "time.clock_gettime(((~0) << 3) | 2)",  # its own CPU clock by pid: 0 is the calling process
     "time.clock_getres(100)",  # a clock id that names nothing: EINVAL
-    "LIBC.syscall(202, ctypes.byref(WORD), 129, 1, None, None, 0)",  # FUTEX_WAKE_PRIVATE
+    "LIBC.syscall({futex}, ctypes.byref(WORD), 129, 1, None, None, 0)",  # FUTEX_WAKE_PRIVATE
     "LIBC.mmap(None, 1 << 16, 3, 0x22, -1, 0)",
     "os.urandom(16)",
     "time.sleep(0.001)",
@@ -518,6 +533,7 @@ INSIDE = [
 def escaped(step: str, world=None) -> str:
     """A strategy already out of Python that takes `step` on its first move, catches what it raises, and plays on."""
     values = dict(me=os.getpid(), group=os.getpgid(0), server=sandbox._server.pid if sandbox._server else 0, port=0)
+    values.update(SYSCALLS)
     if world is not None:
         values.update(home=world.home, checkpoint=world.checkpoint, port=world.port)
     else:
@@ -526,17 +542,17 @@ def escaped(step: str, world=None) -> str:
     return strategy(body, prelude=ESCAPED)
 
 
-needs_x86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="system call numbers are x86_64's")
+needs_call_numbers = pytest.mark.skipif(not SYSCALLS, reason=f"no system call numbers for {platform.machine()}")
 
 
-@needs_x86_64
+@needs_call_numbers
 @pytest.mark.parametrize("step", sorted(OUTSIDE))
 def test_every_step_outside_the_process_is_seen_by_the_kernel(world, walls, step):
     r = attack(escaped(OUTSIDE[step], world), "violation", unrestricted=True)
     assert r.error == sandbox_server.SECCOMP_KILL and r.moves == 0
 
 
-@needs_x86_64
+@needs_call_numbers
 def test_each_step_outside_scores_exactly_like_the_forbidden_import(monkeypatch):
     """Through the reward functions as TRL calls them, with every Python layer off (the judge sees nothing, the child
     gets every builtin and module and no audit hook): the kernel alone makes each escaped answer score like the plain
@@ -553,9 +569,10 @@ def test_each_step_outside_scores_exactly_like_the_forbidden_import(monkeypatch)
     monkeypatch.setattr(rewards.sandbox, "play_many", functools.partial(sandbox.play_many, _unrestricted=True))
     completions = [fenced(escaped(OUTSIDE[step])) for step in steps]
     rewards._analyse_text.cache_clear()
+    limits = dict(move_time_limit=1.0 * TIME_SCALE, game_time_limit=3.0 * TIME_SCALE)  # test_contract.FAST's
     try:
-        scores = scored(completions)
-        verdicts = rewards.make_judge(rewards.RewardSettings(size=3, target=64, games=1))(completions)
+        scores = scored(completions, **limits)
+        verdicts = rewards.make_judge(rewards.RewardSettings(size=3, target=64, games=1, **limits))(completions)
     finally:
         rewards._analyse_text.cache_clear()
     assert forbidden == FORBIDDEN_SCORE
@@ -564,11 +581,30 @@ def test_each_step_outside_scores_exactly_like_the_forbidden_import(monkeypatch)
         assert not verdict.analysis.cheats and verdict.violation == sandbox_server.SECCOMP_KILL, (step, verdict)  # played, then seen
 
 
-@needs_x86_64
+@needs_call_numbers
 def test_what_a_running_process_needs_stays_allowed(world):
     for step in INSIDE:
         r = attack(escaped(step, world), ("failed", "success"), unrestricted=True)
         assert r.moves > 0, (step, r)
+
+
+def test_the_call_numbers_are_the_kernels():
+    """The numbers the steps above call by are each architecture's own, as libseccomp (which builds the filter) names
+    them: a wrong one would test a call that nobody makes."""
+    import pyseccomp
+
+    for arch, numbers in SYSCALLS_BY_ARCH.items():
+        arch_id = getattr(pyseccomp.Arch, arch.upper())
+        assert {name: pyseccomp.resolve_syscall(arch_id, name) for name in numbers} == numbers, arch
+
+
+def test_the_filters_argument_values_are_this_machines():
+    """The allowlist's argument checks spell Linux's values out (sandbox_child); the C library's own, as this Python was
+    built with them, must be the same (as on x86_64 and aarch64; some architectures number them otherwise). The steps
+    above prove the mmap flags and futex operations by what the kernel does with them."""
+    madvice = ("NORMAL", "RANDOM", "SEQUENTIAL", "WILLNEED", "DONTNEED", "FREE", "HUGEPAGE", "NOHUGEPAGE")
+    assert sandbox_child._MADVICE == tuple(getattr(mmap, "MADV_" + name) for name in madvice)
+    assert mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS == 0x22  # what the steps' mmap calls pass
 
 
 def test_an_escaped_strategy_cannot_stop_its_neighbours(world):
@@ -616,14 +652,10 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="children change user o
 @pytest.fixture
 def uid_wall_alone():
     """A server without seccomp whose children still leave root."""
-    sandbox.shutdown()
     with pytest.warns(RuntimeWarning, match="seccomp is unavailable"):
         sandbox._warned_no_seccomp = False
-        sandbox.start(_disable_seccomp=True)
+        server_with(seccomp=False)
         sandbox.play("def strategy(board):\n    return 'X'\n", seed=0)
-    yield
-    sandbox.shutdown()
-    sandbox.start()
 
 
 @root_only
@@ -866,7 +898,7 @@ def test_frame_and_gc_walks_find_no_game_and_no_seed(world):
         raise RuntimeError("found " + " ".join(sorted(found)))
         """
     )
-    r = attack(code, "error", unrestricted=True, move_time_limit=5.0, game_time_limit=5.0)
+    r = attack(code, "error", unrestricted=True, move_time_limit=5.0 * TIME_SCALE, game_time_limit=5.0 * TIME_SCALE)
     assert r.error == "RuntimeError: found strategy_seed"
 
 
@@ -881,7 +913,7 @@ def test_random_seed_rigging_does_not_touch_the_spawns(world):
     ns = {}
     exec(strategy(body), ns)
     honest = game2048.play_game(ns["strategy"], seed=SEED, size=4)
-    r = attack(strategy(body), "failed", **{**LIMITS, "game_time_limit": 5.0})
+    r = attack(strategy(body), "failed", **{**LIMITS, "game_time_limit": 5.0 * TIME_SCALE})
     assert (r.moves, r.score, r.max_tile) == (honest.moves, honest.score(), honest.max_tile())
 
 
@@ -892,14 +924,10 @@ def test_random_seed_rigging_does_not_touch_the_spawns(world):
 def os_layers_off():
     """A server whose children keep our user and get no seccomp filter: what stands is the process tree
     (sessions, subreapers, group kills, the marker sweep), the rlimits and the deadlines."""
-    sandbox.shutdown()
     with pytest.warns(RuntimeWarning, match="seccomp is unavailable"):
         sandbox._warned_no_seccomp = False
-        sandbox.start(_disable_seccomp=True, _keep_root=True)
+        server_with(seccomp=False, drop_root=False)
         sandbox.play("def strategy(board):\n    return 'X'\n", seed=0)
-    yield
-    sandbox.shutdown()
-    sandbox.start()
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
