@@ -53,6 +53,12 @@ class GameGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, settings, eval_samples: int, eval_seeds: list[int], times: StepTimes, generate=None,
                  archive=None, **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
+        # The run's one sampler (evaluation.generation_config: the config TRL builds, from the run's own options): the
+        # rollouts (TRL's transformers path, and our fast one) and every evaluation sample with it, so eval/* measures
+        # the policy that is trained, not a cleaner one (a config without top_k gets transformers' top_k 50).
+        budget = self.args.max_completion_length
+        self.generation_kwargs = evaluation.generation_kwargs(self.args, self._tokenizer, budget)
+        self.generation_config = evaluation.generation_config(self.args, self._tokenizer, budget)
         self.settings, self.eval_samples, self.eval_seeds = settings, eval_samples, eval_seeds
         self.fast_generate = generate  # generation.generate, or None for TRL's own path
         self.archive = archive  # strategy_archive.StrategyArchive, or None
@@ -98,8 +104,7 @@ class GameGRPOTrainer(GRPOTrainer):
                     size = sizes[index] if index < len(sizes) else sizes[-1]  # a spare batch, thrown away
                     ids = evaluation.sample_batch(
                         model, self.processing_class, inputs, index=min(index, len(sizes) - 1), size=size,
-                        seed=self.eval_seeds[0], temperature=args.temperature,
-                        max_new_tokens=args.max_completion_length, generate=self.fast_generate,
+                        seed=self.eval_seeds[0], config=self.generation_config, generate=self.fast_generate,
                     )  # fmt: skip
                     if index < len(sizes):
                         mine[index] = evaluation.decode(self.processing_class, ids)
@@ -134,6 +139,8 @@ class GameGRPOTrainer(GRPOTrainer):
         super().save_model(output_dir, _internal_call)
         if self.base_identity is not None and output_dir and self.args.should_save:
             models.write_base_identity(Path(output_dir), self.base_identity)  # which base these adapters belong to
+        if output_dir and self.args.should_save:  # how the run played and sampled: evaluate_2048 --adapter does alike
+            evaluation.write_run_record(Path(output_dir), self.settings, self.args)
         if self.archive is not None and output_dir and Path(output_dir).name == f"checkpoint-{self.state.global_step}":
             import strategy_archive
 

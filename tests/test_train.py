@@ -255,7 +255,8 @@ def test_evaluation_is_repeatable_and_leaves_training_undisturbed(tiny):
     path, settings = tiny
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     model.train()
-    kwargs = dict(samples=3, seed=0, temperature=1.0, max_new_tokens=16, batch_size=2, chat_kwargs={})
+    config = evaluation.generation_config(evaluation.sampling_options(), tokenizer, max_new_tokens=16)
+    kwargs = dict(samples=3, seed=0, config=config, batch_size=2, chat_kwargs={})
     torch.manual_seed(123)
     before = torch.get_rng_state()
     try:
