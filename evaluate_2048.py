@@ -446,6 +446,7 @@ def render_table(summaries: list[dict], settings, seeds: list[int], drawn: bool 
     for name, justify in [
         ("source", "left"), ("samples", "right"), ("valid", "right"), ("cheating", "right"), ("games", "right"),
         ("win rate", "right"), ("median score", "right"), ("median max tile", "right"), ("timeouts / errors", "right"),
+        ("mean reward", "right"),  # a model's: its samples as training rewards them (eval_mean_reward)
     ]:  # fmt: skip
         table.add_column(name, justify=justify)
 
@@ -463,20 +464,21 @@ def render_table(summaries: list[dict], settings, seeds: list[int], drawn: bool 
             number(s["median_score"]),
             number(s["median_max_tile"]),
             f"{s['timeouts']} / {s['errors']}",
+            f"{s['mean_reward']:.2f}" if "mean_reward" in s else "",
         )
         if s["kind"] == "model":
             best = s["best_sample"]
             if best is None:
-                table.add_row("  best sample: none played", "", "", "", "", "", "", "", "")
+                table.add_row("  best sample: none played", "", "", "", "", "", "", "", "", "")
             else:
                 table.add_row(
                     f"  best sample (#{best['sample']})", "", "", "", str(best["games"]), f"{best['win_rate']:.1%}",
-                    number(best["median_score"]), number(best["median_max_tile"]), "",
+                    number(best["median_score"]), number(best["median_max_tile"]), "", "",
                 )  # fmt: skip
             med = s["median_sample"]
             table.add_row(
                 f"  median of {s['samples']} samples", "", "", "", "", f"{med['win_rate']:.1%}",
-                number(med["median_score"]), number(med["median_max_tile"]), "",
+                number(med["median_score"]), number(med["median_max_tile"]), "", "",
             )  # fmt: skip
     return table
 
@@ -569,7 +571,7 @@ def watch(args, settings, console, progress) -> int:
                 (source,) = model_sources(args, settings, progress, only_adapter=True)
                 seeds = [args.seed + i for i in range(settings.games)]
                 played = play_sources([source], seeds, settings, progress)
-            summary = evaluation.summarise(source, [played[0, j] for j in range(len(source.samples))])
+            summary = evaluation.summarise(source, [played[0, j] for j in range(len(source.samples))], settings)
             best = summary["best_sample"]
             if best is None:
                 print(f"{source.name}: none of its {len(source.samples)} samples is playable; nothing to watch")
@@ -763,7 +765,8 @@ def main(argv: list[str] | None = None) -> int:
             sources += [evaluation.baseline_source(name) for name in strategies.BASELINES] if args.baselines else []
             played = play_sources(sources, seeds, settings, progress)
         summaries = [
-            evaluation.summarise(src, [played[i, j] for j in range(len(src.samples))]) for i, src in enumerate(sources)
+            evaluation.summarise(src, [played[i, j] for j in range(len(src.samples))], settings)
+            for i, src in enumerate(sources)
         ]
         console.print(render_table(summaries, settings, seeds, drawn, caption(args, sources)))
         for src in sources:

@@ -335,8 +335,22 @@ def game_stats(games: list) -> dict:
     }
 
 
-def summarise(source: Source, games_by_sample: list[list]) -> dict:
-    """One source's row: over every (sample, game) pair; a model also gets its best and its median sample."""
+def sample_rewards(source: Source, games_by_sample: list[list], settings) -> list[float]:
+    """Each of a model's samples scored as training scores an answer, the three rewards summed (rewards.py's own
+    functions, handed this evaluation's games as their verdicts), on these games: the mean is eval/mean_reward."""
+    verdicts = []
+    for sample, games in zip(source.samples, games_by_sample):
+        played = tuple(g for g in games if g.status != NOT_PLAYED)
+        violation = next((g.error for g in played if g.status == "violation"), None)
+        verdicts.append(rewards.Verdict(sample.analysis, played, violation))
+    completions = [sample.completion for sample in source.samples]
+    scores = [f(completions=completions) for f in rewards.reward_functions(settings, judge=lambda *_: verdicts)]
+    return [sum(each) for each in zip(*scores)]
+
+
+def summarise(source: Source, games_by_sample: list[list], settings) -> dict:
+    """One source's row: over every (sample, game) pair; a model also gets its mean reward (sample_rewards, under
+    `settings`' profile), its best and its median sample."""
     flat = [g for games in games_by_sample for g in games]
     played = [g for g in flat if g.status != NOT_PLAYED]
     n = len(source.samples)
@@ -357,6 +371,7 @@ def summarise(source: Source, games_by_sample: list[list]) -> dict:
         "max_tile_counts": {str(k): v for k, v in sorted(Counter(g.max_tile for g in played).items())},
     }
     if source.kind == "model":
+        summary["mean_reward"] = statistics.fmean(sample_rewards(source, games_by_sample, settings))
         per_sample = [game_stats(games) for games in games_by_sample]
         candidates = [j for j, s in enumerate(source.samples) if s.analysis.playable]
         best = max(candidates, key=lambda j: per_sample[j]["mean_score"], default=None)  # first of equals
@@ -368,14 +383,15 @@ def summarise(source: Source, games_by_sample: list[list]) -> dict:
     return summary
 
 
-EVAL_METRICS = ("valid_rate", "cheat_rate", "win_rate", "max_tile_log2", "mean_score")
+EVAL_METRICS = ("valid_rate", "cheat_rate", "win_rate", "max_tile_log2", "mean_score", "mean_reward")
 
 
 def policy_metrics(completions: Iterable[str], seeds: list[int], settings) -> dict[str, float]:
     """The numbers train_2048.py logs as eval/*: valid and cheating shares of the samples; win rate and mean game
     score over every (sample, game) pair, a sample not played counting as a game with nothing; the mean log2 of
-    the largest tile over the games played (0 when none was), like train/game/max_tile_log2."""
+    the largest tile over the games played (0 when none was), like train/game/max_tile_log2; the mean reward of the
+    samples, as train/reward sums it (eval_mean_reward: what the best adapters are chosen by)."""
     source = model_source("model", list(completions))
     played = play_sources([source], seeds, settings)
-    summary = summarise(source, [played[0, j] for j in range(len(source.samples))])
+    summary = summarise(source, [played[0, j] for j in range(len(source.samples))], settings)
     return {name: summary[name] for name in EVAL_METRICS}

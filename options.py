@@ -559,10 +559,30 @@ def parse_args(argv: list[str], description: str | None = None):
     except (ValueError, TypeError) as exc:  # a value or combination GRPOConfig or RewardSettings refuses
         raise OptionError(f"refused: {' '.join(str(exc).split())}") from None
     check_options(script_args, training_args, model_args, given)
+    best_evaluation(training_args, given)
     os.environ.update(env)  # the preset's env: keys, checked (PRESET_ENV), once every option has passed
     if script_args.truncated == "skip":
         training_args.mask_truncated_completions = True  # and the rewards return None for them (trainer.py)
     return script_args, settings, training_args, model_args
+
+
+def best_evaluation(training_args, given: set[str]) -> None:
+    """With evaluations on, the best one's adapters are kept (trainer.py, <output_dir>/best), chosen by transformers'
+    own metric_for_best_model: eval_mean_reward unless set (greater is better), also under --load_best_model_at_end,
+    where transformers would take eval_loss, which a GRPO evaluation does not log. A metric the evaluation does not log
+    is one line now, not a KeyError at the first evaluation."""
+    import evaluation
+
+    if training_args.eval_strategy == "no":
+        return
+    if "metric_for_best_model" not in given:
+        training_args.metric_for_best_model = "eval_mean_reward"
+        if "greater_is_better" not in given:
+            training_args.greater_is_better = True
+    name, logged = training_args.metric_for_best_model, [f"eval_{m}" for m in evaluation.EVAL_METRICS]
+    if (name if name.startswith("eval_") else f"eval_{name}") not in logged:
+        raise OptionError(f"--metric_for_best_model {name}: the evaluation logs {', '.join(logged)} (the best one's "
+                          "adapters go to <output_dir>/best)")  # fmt: skip
 
 
 def group_problem(namespace: argparse.Namespace) -> str | None:

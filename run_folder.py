@@ -23,9 +23,10 @@ from pathlib import Path
 MANIFEST = ".train_2048-run.json"
 LOCK = ".train_2048-run.lock"  # flock'ed by the live run: the kernel releases it when the process dies (kill -9 too)
 OURS = (".train_2048-", ".strategies-", ".strategies.link-")  # temporary names our commands make; no user picks them
-# The fixed names a run writes in its output_dir (checkpoint-N apart: each is claimed as it is saved).
+# The fixed names a run writes in its output_dir (checkpoint-N apart: each is claimed as it is saved). best: the
+# adapters of the run's best evaluation (trainer.py), also claimed when first written (a run recorded before it).
 RUN_NAMES = ("training.log", "metrics.jsonl", "runs", "strategies", "final", "final-merged_16bit", "final-mxfp4",
-             "tiny-model")  # fmt: skip
+             "tiny-model", "best")  # fmt: skip
 CHECKPOINT = re.compile(r"checkpoint-\d+")
 # Names that mark a run's results: a folder holding one holds a run (and a fresh run there is refused).
 RESULTS = ("metrics.jsonl", "strategies", "final", "final-merged_16bit", "final-mxfp4")

@@ -145,8 +145,12 @@ def test_a_models_best_and_median_sample(tmp_path):
     source = evaluation.model_source("model", completions)
     settings = rewards.RewardSettings(size=4, target=128, move_time_limit=10, game_time_limit=60)
     played = evaluation.play_sources([source], [0, 1, 2], settings)
-    summary = evaluation.summarise(source, [played[0, j] for j in range(4)])
+    summary = evaluation.summarise(source, [played[0, j] for j in range(4)], settings)
     assert (summary["samples"], summary["games"], summary["played_samples"], summary["played_games"]) == (4, 12, 2, 6)
+    # the reward training would give each answer on these games: no code -2 -1; cheats +1 -20; the two played +1 +1
+    # and their mean game score (eval_mean_reward, by which the best adapters are chosen)
+    game = [sum(rewards.game_score(g, settings) for g in played[0, j]) / 3 for j in (2, 3)]
+    assert summary["mean_reward"] == pytest.approx((-3 - 19 + 2 + game[0] + 2 + game[1]) / 4)
     assert (summary["valid_rate"], summary["cheat_rate"]) == (0.75, 0.25)
     assert summary["best_sample"]["sample"] == 3 and summary["best_sample"]["games"] == 3
     direct = strategies.play_games(strategies.random_strategy, 3, seed=0, size=4, target=128)

@@ -143,6 +143,20 @@ def test_a_yaml_value_is_checked_as_its_flag_is(tmp_path):
     assert parse("--config", str(preset), "--report_to", "none")[1].report_to == []
 
 
+def test_the_best_evaluation_is_chosen_by_the_eval_reward_unless_said_otherwise():
+    """transformers' metric_for_best_model picks the adapters kept in <output_dir>/best: eval_mean_reward (greater is
+    better) where the run evaluates, also under --load_best_model_at_end (whose eval_loss a GRPO evaluation does not
+    log); a metric given stays, with transformers' greater_is_better rule; no evaluation, no metric."""
+    grpo = parse("--config", DEMO)[1]
+    assert (grpo.metric_for_best_model, grpo.greater_is_better) == ("eval_mean_reward", True)
+    grpo = parse("--config", DEMO, "--load_best_model_at_end", "true")[1]
+    assert (grpo.metric_for_best_model, grpo.greater_is_better, grpo.load_best_model_at_end) == ("eval_mean_reward",
+                                                                                                True, True)  # fmt: skip
+    grpo = parse("--config", DEMO, "--metric_for_best_model", "cheat_rate", "--greater_is_better", "false")[1]
+    assert (grpo.metric_for_best_model, grpo.greater_is_better) == ("cheat_rate", False)
+    assert parse("--config", DEMO, "--eval_strategy", "no")[1].metric_for_best_model is None
+
+
 def test_unsloth_refuses_a_router_loss_before_loading(tmp_path, capsys):
     script, grpo, model, settings = parse(
         "--config", DEMO, "--output_dir", str(tmp_path), "--router_aux_loss_coef", "0.9"
@@ -212,9 +226,10 @@ def test_short_line_shows_the_health_numbers():
 
 def test_eval_line_shows_the_evaluation():
     logs = {"eval_valid_rate": 0.75, "eval_cheat_rate": 0.0, "eval_win_rate": 0.125, "eval_max_tile_log2": 6.5}
-    line = trainer.eval_line(40, {**logs, "eval_mean_score": 812.4, "eval_seconds": 1.5, "epoch": 0.04})
+    line = trainer.eval_line(40, {**logs, "eval_mean_score": 812.4, "eval_mean_reward": 7.891, "eval_seconds": 1.5,
+                                  "epoch": 0.04})  # fmt: skip
     assert line.startswith("eval at step 40:") and "valid 75%" in line and "win 12%" in line
-    assert "tile 2^6.5" in line and "score 812" in line and "epoch" not in line
+    assert "tile 2^6.5" in line and "score 812" in line and "reward 7.89" in line and "epoch" not in line
 
 
 # --- models --------------------------------------------------------------------------------------------------
