@@ -393,7 +393,7 @@ def adapters_said(trainer, output_dir: Path) -> str:
     try:
         best = user_files.read_json(output_dir / BEST / BEST_FILE, what=BEST_FILE)
         said.append(f"{output_dir / BEST} the best evaluation's ({best['metric']} {best['value']:.4g} at step "
-                    f"{best['step']}; evaluate_2048.py --adapter and merge_2048.py --adapter take either)")  # fmt: skip
+                    f"{best['step']}; evaluate_2048 and merge_2048 take either as --adapter)")  # fmt: skip
     except (user_files.FileRefused, LookupError, TypeError, ValueError):
         pass  # no evaluation, or none saved
     return ", ".join(said)
