@@ -90,7 +90,8 @@ SAMPLES = 32
 
 
 def sample_answers(output_dir) -> list[str]:
-    """SAMPLES answers of a finished demo run (its final/ adapters on its tiny-model), seeded, at temperature 1."""
+    """SAMPLES answers of a finished demo run (its final/ adapters on its tiny-model), seeded, sampled as the demo
+    trains (TRL's sampler at temperature 1)."""
     from trl import ModelConfig
 
     import evaluation
@@ -100,8 +101,8 @@ def sample_answers(output_dir) -> list[str]:
     out = Path(output_dir)
     model, tokenizer = models.load_model(str(out / "tiny-model"), ModelConfig(), adapter=str(out / "final"))
     return evaluation.sample_completions(
-        model, tokenizer, rewards.RewardSettings(size=3, target=128), samples=SAMPLES, seed=1, temperature=1.0,
-        max_new_tokens=96, batch_size=16, chat_kwargs={},
+        model, tokenizer, rewards.RewardSettings(size=3, target=128), samples=SAMPLES, seed=1, batch_size=16,
+        config=evaluation.generation_config(evaluation.sampling_options(temperature=1.0), tokenizer, 96), chat_kwargs={},
     )  # fmt: skip
 
 

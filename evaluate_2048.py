@@ -62,6 +62,9 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 # --- configuration ------------------------------------------------------------------------------------------
 
 
+RUN = "default: the run's, as --adapter's train_2048_options.json or --config says, else TRL's"
+
+
 @dataclass
 class EvalArguments:
     """What to evaluate and how to sample a model (the games are rewards.RewardSettings)."""
@@ -84,11 +87,21 @@ class EvalArguments:
     )
     speed: float = field(default=20.0, metadata={"help": "--watch: moves per second, 0 = as fast as possible"})
     samples: int = field(default=16, metadata={"help": "strategies sampled from each model"})
-    temperature: float = field(default=1.0, metadata={"help": "0 = greedy decoding"})
     max_new_tokens: int | None = field(
         default=None,
-        metadata={"help": "tokens per sampled answer (default: the training budget, --config's max_completion_length)"},
+        metadata={"help": "tokens per sampled answer (default: the training budget, the run's max_completion_length)"},
     )  # fmt: skip
+    # The sampler: each as TRL's GRPOConfig names it, by default the run's own (RUN: what it trained with), TRL's
+    # default where the run's options do not say.
+    temperature: float | None = field(default=None, metadata={"help": f"sampling temperature ({RUN}); 0 = greedy"})
+    top_p: float | None = field(default=None, metadata={"help": f"nucleus sampling's share ({RUN})"})
+    top_k: int | None = field(default=None, metadata={"help": f"top-k sampling, 0 = no cut ({RUN})"})
+    min_p: float | None = field(default=None, metadata={"help": f"min-p sampling ({RUN})"})
+    repetition_penalty: float | None = field(default=None, metadata={"help": f"repetition penalty ({RUN})"})
+    generation_kwargs: dict | str | None = field(
+        default=None, metadata={"help": f"more GenerationConfig fields, a JSON mapping ({RUN})"}
+    )
+    cache_implementation: str | None = field(default=None, metadata={"help": f"generate's KV cache ({RUN})"})
     batch_size: int = field(default=8, metadata={"help": "samples generated at once"})
     reasoning_effort: str = field(default="low", metadata={"help": "chat template argument (gpt-oss)"})
     seed: int | None = field(
@@ -114,18 +127,22 @@ RANGES = {
     "max_new_tokens": ((lambda v: v >= 1), "at least 1"),
     "batch_size": ((lambda v: v >= 1), "at least 1"),
     "temperature": ((lambda v: v >= 0), "a finite number at least 0 (0 = greedy decoding)"),
+    "top_p": ((lambda v: 0 < v <= 1), "above 0 and at most 1"),
+    "top_k": ((lambda v: v >= 0), "at least 0 (0: no cut)"),
+    "min_p": ((lambda v: 0 <= v <= 1), "at least 0 and at most 1"),
+    "repetition_penalty": ((lambda v: v > 0), "a finite number above 0 (1: none)"),
     "speed": ((lambda v: v >= 0), "a finite number at least 0 (0 = as fast as possible)"),
     "seed": ((lambda v: 0 <= v < 2**63), "between 0 and 2^63 - 1 (the range of a drawn start)"),
 }
 
-# What --config takes from a training preset: the game the model learned to play and how it answered (its token budget,
-# its reasoning effort), each under the preset's key. Its other keys are the training run's own (its output folder,
-# games per answer, time limits, ...) and are not read: an evaluation writes to its own --output_dir and plays --games
-# (50) games per strategy, with time to spare, unless its own flags say otherwise.
+# What an evaluation takes from a training run's options (--adapter's train_2048_options.json, or a --config preset):
+# the game the model learned to play, its reward profile, and how it answered (its token budget, its reasoning effort,
+# its sampler), each under the preset's key. The other keys are the training run's own (its output folder, games per
+# answer, time limits, ...) and are not read: an evaluation writes to its own --output_dir and plays --games (50) games
+# per strategy, with time to spare, unless its own flags say otherwise.
 FROM_PRESET = {
-    "size": "size", "target": "target", "probability_fours": "probability_fours", "keys": "keys",
-    "max_moves": "max_moves", "max_completion_length": "max_new_tokens",
-    "chat_template_kwargs.reasoning_effort": "reasoning_effort",
+    **{name: name for name in (*evaluation.BOARD, "profile", *evaluation.SAMPLING)},
+    "max_completion_length": "max_new_tokens", "chat_template_kwargs.reasoning_effort": "reasoning_effort",
 }  # fmt: skip
 
 
@@ -136,30 +153,39 @@ def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSet
     parser = HfArgumentParser(
         (EvalArguments, rewards.RewardSettings), prog="evaluate_2048.py", allow_abbrev=False, exit_on_error=False
     )
-    parser.add_argument("--config", metavar="FILE.yaml", default=str(DEFAULT_PRESET.relative_to(DEFAULT_PRESET.parents[1])),
+    parser.add_argument("--config", metavar="FILE.yaml", default=None,
                         help="The training preset the model was trained with: the board (size, target, "
-                        "probability_fours, keys, max_moves), max_completion_length (as --max_new_tokens) and the "
-                        "reasoning effort are read from it; its other keys (output_dir, games, time limits) are the "
-                        "training run's and are not. Flags win.")  # fmt: skip
+                        "probability_fours, keys, max_moves), the reward profile, max_completion_length (as "
+                        "--max_new_tokens), the reasoning effort and the sampler are read from it; its other keys "
+                        "(output_dir, games, time limits) are the training run's and are not. Without it: the run's "
+                        f"own options, which --adapter's {evaluation.RUN_FILE} records (or a --strategy file of the "
+                        "strategy archive its game), else train_2048's default preset, "
+                        f"{DEFAULT_PRESET.relative_to(DEFAULT_PRESET.parents[1])}. Flags win.")  # fmt: skip
     # Evaluation plays more games per strategy, with time to spare: a loaded machine must not turn slow but good
     # play into timeouts.
     parser.set_defaults(games=50, game_time_limit=60.0)
     try:
         path, rest = options.split_config(list(sys.argv[1:] if argv is None else argv))
-        config = options.read_config(path or str(DEFAULT_PRESET))
+        first, given = options.parse(parser, {}, rest, "evaluate_2048")  # the command line alone: what it names
         if path is not None:  # a train_2048 preset, checked as train_2048 checks it (an accelerate config is not one)
+            config, label, board_from = options.read_config(path), path, f"--config {path}"
             options.preset_env(config, f"--config {path}")  # (an evaluation sets none of its env:)
             options.refuse_unknown_keys(config, options.train_parser(), f"--config {path}: not a train_2048 preset")
+            sampling_from = board_from
+        else:
+            config, label, board_from, sampling_from = the_runs_options(first, given)
         chat = config.get("chat_template_kwargs")
         if isinstance(chat, dict) and "reasoning_effort" in chat:
             config["chat_template_kwargs.reasoning_effort"] = chat["reasoning_effort"]
         taken = {key: value for key, value in config.items() if key in FROM_PRESET}
-        namespace, _ = options.parse(parser, taken, rest, path or str(DEFAULT_PRESET), names=FROM_PRESET)
+        namespace, _ = options.parse(parser, taken, rest, label, names=FROM_PRESET)
         args, settings = options.build(parser, namespace)
     except options.OptionError as exc:
         die(str(exc))
     except ValueError as exc:  # a value RewardSettings rejects (--size 1, --keys WWSD, ...)
         die(" ".join(str(exc).split()))
+    args.board_from = with_flags(board_from, given, evaluation.BOARD)
+    args.sampling_from = with_flags(sampling_from, given, ("max_new_tokens", *evaluation.SAMPLING))
     if args.max_new_tokens is None:  # a preset without a budget trained with TRL's default one
         from trl import GRPOConfig
 
@@ -168,6 +194,7 @@ def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSet
         value = getattr(args, name)
         if value is not None and ((isinstance(value, float) and not math.isfinite(value)) or not accepts(value)):
             die(f"--{name} {f'{value:g}' if isinstance(value, float) else value}: must be {said}")
+    resolve_sampling(args, given)
     if args.adapter is not None and not (Path(args.adapter) / "adapter_config.json").is_file():
         die(f"--adapter {args.adapter}: no adapter_config.json there (not a LoRA adapter directory)")
     if args.model is not None:
@@ -184,6 +211,103 @@ def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSet
     elif not (args.baselines or args.strategy or args.adapter or args.model):
         die("nothing to evaluate: give --adapter, --model, --strategy or --baselines")
     return args, settings
+
+
+def the_runs_options(first, given: set[str]) -> tuple[dict, str, str, str]:
+    """Without --config: (the options the evaluation starts from, the name its mistakes are said under, where the
+    board comes from, where the sampler comes from), from what the command line names (`first`, the names `given`):
+    the run's own options, as --adapter's RUN_FILE records them; else the game a --strategy (or --watch) file of the
+    strategy archive names (evaluation.file_game); else train_2048's default preset. Runs whose games differ on a board
+    option the flags leave open are one line, exit 2."""
+    default = options.read_config(str(DEFAULT_PRESET))
+    preset = f"train_2048's default preset, {DEFAULT_PRESET.relative_to(DEFAULT_PRESET.parents[1])}"
+    record = run_record(Path(first.adapter)) if first.adapter is not None else None
+    files = [*first.strategy, *([first.watch] if first.watch not in (None, "model", *strategies.BASELINES) else [])]
+    games = {f"{path}'s {evaluation.ARCHIVED_GAME}": game for path in files if (game := strategy_game(path))}
+    if record is not None:
+        games = {f"--adapter {first.adapter}'s run": {name: record.get(name) for name in evaluation.BOARD}, **games}
+    open_ = [name for name in evaluation.BOARD if name not in given]
+    if len({tuple(str(game[name]) for name in open_) for game in games.values()}) > 1:
+        said = "; ".join(f"{where}: {describe_game(game)}" for where, game in games.items())
+        die(f"the strategies and models given were trained on different games ({said}): name the board to play "
+            "with --config or --size/--target/--probability_fours/--keys/--max_moves")  # fmt: skip
+    if record is not None:
+        where = f"the run's own options, {Path(first.adapter) / evaluation.RUN_FILE}"
+        return {**default, **record}, str(Path(first.adapter) / evaluation.RUN_FILE), where, where
+    if games:
+        where, game = next(iter(games.items()))
+        return {**default, **game}, where, f"the game its run played, {where}", preset
+    if first.adapter is not None:
+        preset += f" (--adapter {first.adapter} records no run options: trained before train_2048 kept them, or not by it)"
+    return default, str(DEFAULT_PRESET), preset, preset
+
+
+def run_record(adapter: Path) -> dict | None:
+    """The run options an adapter folder keeps (evaluation.RUN_FILE), checked as a preset is: None when there is none."""
+    path = adapter / evaluation.RUN_FILE
+    if not os.path.lexists(path):
+        return None
+    try:
+        record = user_files.read_json(path, what=f"--adapter {adapter}'s run options")
+    except user_files.FileRefused as exc:
+        die(str(exc))
+    if not isinstance(record, dict):
+        die(f"--adapter {adapter}: {path.name} is not a mapping of option: value")
+    options.refuse_unknown_keys(record, options.train_parser(), f"{path}: not a train_2048 run's options")
+    return record
+
+
+def strategy_game(path: str) -> dict | None:
+    """The game a strategy file of the archive names; None for another file, or one that cannot be read (file_source
+    says why, in its own line)."""
+    try:
+        text = user_files.read_text(path, user_files.STRATEGY_BYTES, "--strategy")
+    except (user_files.FileRefused, OSError):
+        return None
+    try:
+        return evaluation.file_game(text)
+    except ValueError as exc:
+        die(f"--strategy {path}: {exc}")
+
+
+def describe_game(game: dict) -> str:
+    return " ".join(f"--{name} {game[name]}" for name in evaluation.BOARD)
+
+
+def with_flags(where: str, given: set[str], names) -> str:
+    """`where`, and the options of `names` the command line gave (they win)."""
+    flags = [f"--{name}" for name in names if name in given]
+    return where + (f"; {', '.join(flags)} from the command line" if flags else "")
+
+
+def resolve_sampling(args: EvalArguments, given: set[str]) -> None:
+    """The sampler's options as the evaluation samples with them: the run's or the flags', TRL's defaults for the
+    rest (evaluation.sampling_options), --generation_kwargs read as the JSON mapping it is. A flag the command line
+    `given` wins over the same field in the run's generation_kwargs (which TRL applies last)."""
+    extra = args.generation_kwargs
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra)
+        except ValueError:
+            extra = None
+        if not isinstance(extra, dict):
+            die(f"--generation_kwargs {args.generation_kwargs}: must be a JSON mapping of GenerationConfig fields")
+    if "generation_kwargs" not in given:
+        extra = {k: v for k, v in (extra or {}).items() if k not in given}
+    sampling = evaluation.sampling_options(**{**{n: getattr(args, n) for n in evaluation.SAMPLING},
+                                              "generation_kwargs": extra})  # fmt: skip
+    for name in evaluation.SAMPLING:
+        setattr(args, name, getattr(sampling, name))
+
+
+def sampler(args: EvalArguments) -> str:
+    """How a model is sampled, in a few words."""
+    if args.temperature == 0:
+        return f"greedy, {args.max_new_tokens} tokens"
+    shown = [f"{name} {getattr(args, name)}" for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+             if getattr(args, name) is not None]  # fmt: skip
+    extra = [f"{k} {v}" for k, v in (args.generation_kwargs or {}).items()]
+    return ", ".join([*shown, *extra, f"{args.max_new_tokens} tokens"])
 
 
 # --- sources ------------------------------------------------------------------------------------------------
@@ -281,8 +405,8 @@ def model_sources(args, settings, progress, only_adapter: bool = False) -> list[
         task = progress.add_task(f"sampling {label}", total=args.samples)
         try:
             texts = evaluation.sample_completions(
-                model, tokenizer, settings, samples=args.samples, seed=args.seed, temperature=args.temperature,
-                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                model, tokenizer, settings, samples=args.samples, seed=args.seed, batch_size=args.batch_size,
+                config=evaluation.generation_config(args, tokenizer, args.max_new_tokens, greedy=args.temperature == 0),
                 chat_kwargs={"reasoning_effort": args.reasoning_effort},
                 on_batch=lambda n: progress.advance(task, n),
             )  # fmt: skip
@@ -310,7 +434,7 @@ def play_sources(sources, seeds, settings, progress) -> dict:
 # --- report -------------------------------------------------------------------------------------------------
 
 
-def render_table(summaries: list[dict], settings, seeds: list[int], drawn: bool = False):
+def render_table(summaries: list[dict], settings, seeds: list[int], drawn: bool = False, caption: str | None = None):
     from rich.table import Table
     from rich.text import Text
 
@@ -319,10 +443,11 @@ def render_table(summaries: list[dict], settings, seeds: list[int], drawn: bool 
         f"{len(seeds)} games per strategy (seeds {seeds[0]}..{seeds[-1]}"
         + (f": a secret start drawn for this evaluation; --seed {seeds[0]} replays it)" if drawn else ")")
     )
-    table = Table(title=title)
+    table = Table(title=title, caption=Text(caption or ""), caption_justify="left")  # paths: no markup
     for name, justify in [
         ("source", "left"), ("samples", "right"), ("valid", "right"), ("cheating", "right"), ("games", "right"),
         ("win rate", "right"), ("median score", "right"), ("median max tile", "right"), ("timeouts / errors", "right"),
+        ("mean reward", "right"),  # a model's: its samples as training rewards them (eval_mean_reward)
     ]:  # fmt: skip
         table.add_column(name, justify=justify)
 
@@ -340,22 +465,31 @@ def render_table(summaries: list[dict], settings, seeds: list[int], drawn: bool 
             number(s["median_score"]),
             number(s["median_max_tile"]),
             f"{s['timeouts']} / {s['errors']}",
+            f"{s['mean_reward']:.2f}" if "mean_reward" in s else "",
         )
         if s["kind"] == "model":
             best = s["best_sample"]
             if best is None:
-                table.add_row("  best sample: none played", "", "", "", "", "", "", "", "")
+                table.add_row("  best sample: none played", "", "", "", "", "", "", "", "", "")
             else:
                 table.add_row(
                     f"  best sample (#{best['sample']})", "", "", "", str(best["games"]), f"{best['win_rate']:.1%}",
-                    number(best["median_score"]), number(best["median_max_tile"]), "",
+                    number(best["median_score"]), number(best["median_max_tile"]), "", "",
                 )  # fmt: skip
             med = s["median_sample"]
             table.add_row(
                 f"  median of {s['samples']} samples", "", "", "", "", f"{med['win_rate']:.1%}",
-                number(med["median_score"]), number(med["median_max_tile"]), "",
+                number(med["median_score"]), number(med["median_max_tile"]), "", "",
             )  # fmt: skip
     return table
+
+
+def caption(args: EvalArguments, sources: list) -> str:
+    """Under the table: where its board came from, and how the models were sampled and from where."""
+    lines = [f"board: {args.board_from}"]
+    if any(src.kind == "model" for src in sources):
+        lines.append(f"sampled: {sampler(args)} ({args.sampling_from})")
+    return "\n".join(lines)
 
 
 def plot_max_tiles(summaries: list[dict], settings) -> bytes:
@@ -413,8 +547,9 @@ def results_json(args, settings, seeds, sources, played, summaries, drawn: bool 
                     {"source": src.name, "sample": j, "seed": seed, "status": g.status, "moves": g.moves,
                      "score": g.score, "max_tile": g.max_tile, "seconds": g.seconds, "error": g.error}
                 )  # fmt: skip
-    config = {k: v for k, v in {**dataclasses.asdict(args), **settings.rules(), "games": settings.games}.items()
-              if k not in ("watch", "speed")}  # fmt: skip
+    config = {k: v for k, v in {**dataclasses.asdict(args), **settings.rules(), "profile": settings.profile,
+                                "games": settings.games, "board_from": args.board_from,
+                                "sampling_from": args.sampling_from}.items() if k not in ("watch", "speed")}  # fmt: skip
     report = {"settings": {**config, "seeds": seeds, "seed_drawn": drawn}, "summary": summaries, "samples": samples,
               "games": games}  # fmt: skip
     return json.dumps(report, indent=1) + "\n"
@@ -437,7 +572,7 @@ def watch(args, settings, console, progress) -> int:
                 (source,) = model_sources(args, settings, progress, only_adapter=True)
                 seeds = [args.seed + i for i in range(settings.games)]
                 played = play_sources([source], seeds, settings, progress)
-            summary = evaluation.summarise(source, [played[0, j] for j in range(len(source.samples))])
+            summary = evaluation.summarise(source, [played[0, j] for j in range(len(source.samples))], settings)
             best = summary["best_sample"]
             if best is None:
                 print(f"{source.name}: none of its {len(source.samples)} samples is playable; nothing to watch")
@@ -635,9 +770,10 @@ def main(argv: list[str] | None = None) -> int:
             sources += [evaluation.baseline_source(name) for name in strategies.BASELINES] if args.baselines else []
             played = play_sources(sources, seeds, settings, progress)
         summaries = [
-            evaluation.summarise(src, [played[i, j] for j in range(len(src.samples))]) for i, src in enumerate(sources)
+            evaluation.summarise(src, [played[i, j] for j in range(len(src.samples))], settings)
+            for i, src in enumerate(sources)
         ]
-        console.print(render_table(summaries, settings, seeds, drawn))
+        console.print(render_table(summaries, settings, seeds, drawn, caption(args, sources)))
         for src in sources:
             if src.kind == "file" and src.samples[0].analysis.why_not_played:
                 plain(console, f"{src.name}: not played: {src.samples[0].analysis.why_not_played}")

@@ -756,9 +756,9 @@ def empty_cuda_cache() -> None:
 
 
 def seeded_samples(model, tokenizer, prompt_inputs, seed: int, size: int = 4) -> list[list[int]]:
-    """`size` seeded sampled completions (48 tokens at most), the way the evaluation samples."""
+    """`size` seeded sampled completions (48 tokens at most), the way the evaluation samples (TRL's default sampler)."""
     import evaluation
 
     model.eval()
-    return evaluation.sample_batch(model, tokenizer, prompt_inputs, index=0, size=size, seed=seed, temperature=1.0,
-                                   max_new_tokens=48)  # fmt: skip
+    config = evaluation.generation_config(evaluation.sampling_options(), tokenizer, max_new_tokens=48)
+    return evaluation.sample_batch(model, tokenizer, prompt_inputs, index=0, size=size, seed=seed, config=config)

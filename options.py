@@ -223,6 +223,9 @@ def config_words(config: dict, parser, source: str, names: dict | None = None) -
         if action is None:
             continue
         where = f"{source}: {key}"
+        if value == [] and getattr(action.type, "clears", False):  # an empty list, as the flag says it
+            words[key] = [f"--{name}", CLEAR_WORD] if action.nargs in ("+", "*") else [f"--{name}={CLEAR_WORD}"]
+            continue
         if value is None or value == [] or value == {}:
             if action.default not in (None, [], {}):
                 raise OptionError(f"{where}: no value given (remove the key for the default, {action.default!r})")
@@ -285,7 +288,47 @@ def parse(parser, config: dict, argv: list[str], source: str, names: dict | None
         value = getattr(namespace, name, None)
         if "list" in text and isinstance(value, str) and "," in value:
             setattr(namespace, name, [part.strip() for part in value.split(",") if part.strip()])
+        if value is CLEARED or (isinstance(value, list) and CLEARED in value):
+            if isinstance(value, list) and len(value) > 1:
+                raise OptionError(f"--{name} {CLEAR_WORD} empties the list: give it alone, not beside other values")
+            setattr(namespace, name, None if name in CLEARED_TO_NONE else [])
     return namespace, given
+
+
+# --- list options: a preset's list cleared from the command line ------------------------------------------------
+
+# `--lora_modules_to_save none` empties a list option as transformers' `--report_to none` does (HfArgumentParser gives
+# a list option nargs="+": no flag alone, no empty list), as does an empty word (`--lora_modules_to_save ""`) and a
+# preset's `[]`; a cleared list is the empty list, but where its library refuses one and reads None as "none given".
+CLEAR_WORD = "none"
+CLEARED = type("Cleared", (), {"__repr__": lambda self: CLEAR_WORD})()  # what a clearing word parses to
+CLEARED_TO_NONE = {"reward_weights": "every reward weighs 1 (TRL's default)",
+                   "optim_target_modules": "no module (transformers' default)"}  # fmt: skip
+
+
+def clearable(convert):
+    """A list option's value type (`convert`) that also reads `none` or an empty word as CLEARED."""
+
+    def convert_or_clear(word: str):
+        return CLEARED if word.strip().lower() in (CLEAR_WORD, "") else convert(word)
+
+    convert_or_clear.__name__ = getattr(convert, "__name__", "value")  # argparse's "invalid float value" and accepted()
+    convert_or_clear.clears = True
+    return convert_or_clear
+
+
+def clearable_lists(parser) -> None:
+    """Every list option of `parser` (a field typed list[...]) takes CLEAR_WORD, and its --help says so."""
+    flags = long_flags(parser)
+    for name, text in field_types(parser).items():
+        action = flags.get(name)
+        if action is None or "list" not in text or getattr(action.type, "clears", False):
+            continue
+        action.type = clearable(action.type or str)
+        several = "several values, one after another" if action.nargs in ("+", "*") else "values joined by commas"
+        cleared = CLEARED_TO_NONE.get(name, "the empty list")
+        action.help = (f"{action.help or ''} A list: {several}. `{CLEAR_WORD}` (or '') clears it, a preset's list "
+                       f"too: {cleared}; in YAML, [].")  # fmt: skip
 
 
 def unknown(parser, word: str) -> str:
@@ -537,6 +580,7 @@ def train_parser(description: str | None = None):
     )
     parser.add_argument("--config", default=str(DEFAULT_CONFIG.relative_to(HERE)), metavar="FILE.yaml",
                         help="The preset: its keys are options, as flags are; flags after it win.")  # fmt: skip
+    clearable_lists(parser)
     return parser
 
 
@@ -566,10 +610,30 @@ def parse_args(argv: list[str], description: str | None = None):
     except (ValueError, TypeError) as exc:  # a value or combination GRPOConfig or RewardSettings refuses
         raise OptionError(f"refused: {' '.join(str(exc).split())}") from None
     check_options(script_args, training_args, model_args, given)
+    best_evaluation(training_args, given)
     os.environ.update(env)  # the preset's env: keys, checked (PRESET_ENV), once every option has passed
     if script_args.truncated == "skip":
         training_args.mask_truncated_completions = True  # and the rewards return None for them (trainer.py)
     return script_args, settings, training_args, model_args
+
+
+def best_evaluation(training_args, given: set[str]) -> None:
+    """With evaluations on, the best one's adapters are kept (trainer.py, <output_dir>/best), chosen by transformers'
+    own metric_for_best_model: eval_mean_reward unless set (greater is better), also under --load_best_model_at_end,
+    where transformers would take eval_loss, which a GRPO evaluation does not log. A metric the evaluation does not log
+    is one line now, not a KeyError at the first evaluation."""
+    import evaluation
+
+    if training_args.eval_strategy == "no":
+        return
+    if "metric_for_best_model" not in given:
+        training_args.metric_for_best_model = "eval_mean_reward"
+        if "greater_is_better" not in given:
+            training_args.greater_is_better = True
+    name, logged = training_args.metric_for_best_model, [f"eval_{m}" for m in evaluation.EVAL_METRICS]
+    if (name if name.startswith("eval_") else f"eval_{name}") not in logged:
+        raise OptionError(f"--metric_for_best_model {name}: the evaluation logs {', '.join(logged)} (the best one's "
+                          "adapters go to <output_dir>/best)")  # fmt: skip
 
 
 def group_problem(namespace: argparse.Namespace) -> str | None:
@@ -616,6 +680,10 @@ def check_options(script_args, training_args, model_args, given: set[str]) -> No
         raise OptionError("--truncated skip leaves a cut-off completion unscored, which needs "
                                   "--mask_truncated_completions true (no gradient from it either): drop "
                                   "--mask_truncated_completions false, or use --truncated score")  # fmt: skip
+    if model_args.use_peft and model_args.lora_target_modules == [] and not model_args.lora_target_parameters:
+        raise OptionError(f"--lora_target_modules {CLEAR_WORD}: LoRA on no module, and --lora_target_parameters names "
+                          "no parameter either: name the modules (or parameters) to adapt, or --use_peft false to "
+                          "train every weight")  # fmt: skip
     resume, other = script_args.resume, training_args.resume_from_checkpoint
     if resume and other and resume != other:
         raise OptionError(f"--resume {resume} and --resume_from_checkpoint {other}: give one of them "

@@ -30,9 +30,10 @@ MANIFEST = ".train_2048-run.json"  # the run's record: what it claimed (made, or
 LOCK = ".train_2048-run.lock"  # who holds the folder (pid, host, since); the lock itself is on the folder
 MARK = ".train_2048-wrote-this"  # in a folder a command published: {"by": the command, "files": what it wrote}
 # The fixed names a run writes in its output_dir; checkpoint-N, runs/<its own>, its temporary folders and the
-# archive's copies are claimed as they are made.
+# archive's copies are claimed as they are made. best: the adapters of the run's best evaluation (trainer.py),
+# claimed when first written (a run recorded before it).
 RUN_NAMES = ("training.log", "metrics.jsonl", "runs", "strategies", "final", "final-merged_16bit", "final-mxfp4",
-             "tiny-model")  # fmt: skip
+             "tiny-model", "best")  # fmt: skip
 CHECKPOINT = re.compile(r"checkpoint-\d+")
 TEMPORARY = re.compile(r"\.(train_2048|strategies-\d+)-[0-9a-f]{8}")  # user_files.make_folder's names, ours only
 FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

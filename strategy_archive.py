@@ -60,7 +60,6 @@ from transformers import TrainerCallback
 import evaluation
 import rewards
 import run_folder
-import sandbox
 
 log = logging.getLogger("train_2048")
 
@@ -538,13 +537,13 @@ def strategy_file(entry: Entry, rank: int, step: int, settings, seeds: list[int]
     data (strategy_code) and what `python <this file>` does with it: hand it to evaluate_2048.py --watch."""
     s, h = settings, entry.held_out
     train = entry_json(entry)["training"]
-    command = ["python evaluate_2048.py --strategy <this file>", shlex.join(game_options(s)),
-               f"--games {h['games']}", f"--seed {seeds[0]}"]  # fmt: skip
+    command = ["python evaluate_2048.py --strategy <this file>", f"--games {h['games']}", f"--seed {seeds[0]}"]
     header = [
         f"train_2048 strategy archive, rank {rank} at step {step}: a strategy the model wrote during training",
         f"Untrusted code, kept as data: the string {evaluation.ARCHIVED_CODE} below, which this file never runs.",
         "`python <this file>` plays a game of it in train_2048's sandbox (evaluate_2048.py --watch); to measure it:",
-        "  " + " ".join(part for part in command if part),
+        "  " + " ".join(command),
+        f"on its run's game, which evaluate_2048 reads from {evaluation.ARCHIVED_GAME} below: {shlex.join(game_options(s))}",
         f"first written at step {entry.first_step}; written {times(entry.times)}",
         f"held-out games: {h['games']} (seeds {seeds[0]}-{seeds[0] + h['games'] - 1}, {s.size}x{s.size} "
         f"board to {s.target}): mean reward {h['reward']:.2f} (lower bound {entry.bound():.2f}), mean score "
@@ -729,10 +728,9 @@ def times(n: int) -> str:
 
 
 def game_options(settings) -> list[str]:
-    """evaluate_2048.py's options for the run's game where it differs from the default one (sandbox.Game's)."""
-    default = sandbox.Game()
-    names = ("size", "target", "probability_fours", "keys", "max_moves")
-    return [f"--{n}={getattr(settings, n)}" for n in names if getattr(settings, n) != getattr(default, n)]
+    """The run's game as evaluate_2048.py's options, every one of them (evaluation.BOARD): what a file's GAME says,
+    whatever evaluate_2048's default board is (evaluation.file_game reads it)."""
+    return [f"--{name}={getattr(settings, name)}" for name in evaluation.BOARD]
 
 
 def strategy_code(code: str, options: list[str]) -> str:
@@ -744,7 +742,7 @@ def strategy_code(code: str, options: list[str]) -> str:
     return (
         f"\n{evaluation.ARCHIVED_CODE} = (\n{literals})\n"
         f"PYTHON, TRAIN_2048 = {sys.executable or 'python3'!r}, {str(PROJECT)!r}  # what wrote this file\n"
-        f"GAME = {options!r}  # the run's game, as evaluate_2048.py's options\n"
+        f"{evaluation.ARCHIVED_GAME} = {options!r}  # the run's game, as evaluate_2048.py's options\n"
         "\n"
         'if __name__ == "__main__":\n'
         "    import os\n"

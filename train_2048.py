@@ -373,6 +373,7 @@ def leave_as_found(state) -> None:
 def save(trainer, tokenizer, settings, plan) -> int:
     """The verified save (final/, and the merge with --save_method merged_16bit), and the run's last line."""
     import evaluation
+    import trainer as grpo
 
     steps = trainer.state.global_step
     ok = saving.save_and_verify(
@@ -381,8 +382,9 @@ def save(trainer, tokenizer, settings, plan) -> int:
         output_dir=plan.output_dir, merge_base=plan.merge_source,
         prompt_inputs=evaluation.prompt_inputs(tokenizer, settings, plan.training_args.chat_template_kwargs or {}),
     )  # fmt: skip
-    log.info(f"done after {steps} steps. TensorBoard: {tensorboard_command(plan.output_dir)} (its Custom Scalars "
-             "tab, #custom_scalars, has the charts that say whether it learned)")  # fmt: skip
+    log.info(f"done after {steps} steps: {grpo.adapters_said(trainer, plan.output_dir)}. TensorBoard: "
+             f"{tensorboard_command(plan.output_dir)} (its Custom Scalars tab, #custom_scalars, has the charts that "
+             "say whether it learned)")  # fmt: skip
     return 0 if ok else 1
 
 

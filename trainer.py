@@ -28,9 +28,12 @@ import generation
 import models
 import rewards
 import run_folder
+import saving
 import user_files
 
 log = logging.getLogger("train_2048")
+BEST = "best"  # <output_dir>/best: the adapters of the run's best evaluation (GameGRPOTrainer.save_best)
+BEST_FILE = "train_2048_best.json"  # in it: which evaluation they scored best in, on which metric
 
 
 class GameGRPOTrainer(GRPOTrainer):
@@ -53,6 +56,12 @@ class GameGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, settings, eval_samples: int, eval_seeds: list[int], times: StepTimes, generate=None,
                  archive=None, **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
+        # The run's one sampler (evaluation.generation_config: the config TRL builds, from the run's own options): the
+        # rollouts (TRL's transformers path, and our fast one) and every evaluation sample with it, so eval/* measures
+        # the policy that is trained, not a cleaner one (a config without top_k gets transformers' top_k 50).
+        budget = self.args.max_completion_length
+        self.generation_kwargs = evaluation.generation_kwargs(self.args, self._tokenizer, budget)
+        self.generation_config = evaluation.generation_config(self.args, self._tokenizer, budget)
         self.settings, self.eval_samples, self.eval_seeds = settings, eval_samples, eval_seeds
         self.fast_generate = generate  # generation.generate, or None for TRL's own path
         self.archive = archive  # strategy_archive.StrategyArchive, or None
@@ -98,8 +107,7 @@ class GameGRPOTrainer(GRPOTrainer):
                     size = sizes[index] if index < len(sizes) else sizes[-1]  # a spare batch, thrown away
                     ids = evaluation.sample_batch(
                         model, self.processing_class, inputs, index=min(index, len(sizes) - 1), size=size,
-                        seed=self.eval_seeds[0], temperature=args.temperature,
-                        max_new_tokens=args.max_completion_length, generate=self.fast_generate,
+                        seed=self.eval_seeds[0], config=self.generation_config, generate=self.fast_generate,
                     )  # fmt: skip
                     if index < len(sizes):
                         mine[index] = evaluation.decode(self.processing_class, ids)
@@ -123,6 +131,46 @@ class GameGRPOTrainer(GRPOTrainer):
         self.control = self.callback_handler.on_evaluate(args, self.state, self.control, metrics)
         return metrics
 
+    # --- the best evaluated adapters ---------------------------------------------------------------------------
+
+    def _determine_best_metric(self, metrics: dict[str, float], trial) -> bool:
+        # transformers' own bookkeeping of the best evaluation (metric_for_best_model, greater_is_better; state's
+        # best_metric and best_global_step, kept in trainer_state.json so a resume goes on from them). A new best's
+        # adapters are saved to <output_dir>/best at once, the weights just evaluated, whichever steps save
+        # checkpoints (load_best_model_at_end can only go back to a checkpoint).
+        new_best = super()._determine_best_metric(metrics, trial)
+        if new_best:
+            self.save_best()
+        return new_best
+
+    def save_best(self) -> None:
+        """The adapters to <output_dir>/best, put in place whole (saving.publish, over a best/ of this run's only),
+        with BEST_FILE: the step, the metric and its value. Every process saves its part; the main one publishes."""
+        folder = Path(self.args.output_dir) / BEST
+        main = self.accelerator.is_main_process
+        if main:
+            run_folder.claim(folder.parent, BEST)  # recorded as the run's before a byte of it is written
+        name = [saving.fresh(folder).name if main else None]
+        if self.accelerator.num_processes > 1:
+            broadcast_object_list(name)
+        tmp = folder.parent / name[0]
+        self.accelerator.wait_for_everyone()
+        self.save_model(str(tmp), _internal_call=True)  # internal: a hub push carries final/, not each best
+        if not main:
+            return
+        metric = self.args.metric_for_best_model
+        metric = metric if metric.startswith("eval_") else f"eval_{metric}"
+        said = {"step": self.state.global_step, "metric": metric, "value": self.state.best_metric,
+                "greater_is_better": bool(self.args.greater_is_better)}  # fmt: skip
+        user_files.write_new(tmp / BEST_FILE, json.dumps(said, indent=1) + "\n")
+        try:
+            saving.publish(tmp, folder, "train_2048")
+        except saving.NotOurs as error:
+            log.error(f"{error}; the best adapters are in {tmp}")
+            return
+        say(f"best evaluation so far: {metric} {self.state.best_metric:.4g} at step {self.state.global_step}, its "
+            f"adapters saved to {folder}")  # fmt: skip
+
     # --- the strategy archive in each checkpoint ------------------------------------------------------------
 
     base_identity: dict | None = None  # models.base_identity of the base trained on (train_2048's make_trainer)
@@ -134,6 +182,8 @@ class GameGRPOTrainer(GRPOTrainer):
         super().save_model(output_dir, _internal_call)
         if self.base_identity is not None and output_dir and self.args.should_save:
             models.write_base_identity(Path(output_dir), self.base_identity)  # which base these adapters belong to
+        if output_dir and self.args.should_save:  # how the run played and sampled: evaluate_2048 --adapter does alike
+            evaluation.write_run_record(Path(output_dir), self.settings, self.args)
         if self.archive is not None and output_dir and Path(output_dir).name == f"checkpoint-{self.state.global_step}":
             import strategy_archive
 
@@ -315,6 +365,7 @@ EVAL_LINE = [  # (metric as the Trainer logs it, how it is shown)
     ("eval_win_rate", "win {:.0%}"),
     ("eval_max_tile_log2", "tile 2^{:.1f}"),
     ("eval_mean_score", "score {:.0f}"),
+    ("eval_mean_reward", "reward {:.2f}"),
     ("eval_seconds", "({:.1f} s)"),
 ]
 
@@ -329,6 +380,23 @@ def eval_line(step: int, metrics: dict) -> str:
     """The console line of one evaluation."""
     shown = [template.format(metrics[key]) for key, template in EVAL_LINE if isinstance(metrics.get(key), int | float)]
     return "  ".join([f"eval at step {step}:", *shown])
+
+
+def adapters_said(trainer, output_dir: Path) -> str:
+    """Which adapters the run leaves, for its last line: final/ (the last step's, or with --load_best_model_at_end the
+    best checkpoint's, which transformers loaded back), and best/ when the run evaluated (its BEST_FILE)."""
+    final = output_dir / "final"
+    if trainer.args.load_best_model_at_end and trainer.state.best_model_checkpoint:
+        said = [f"{final} holds {Path(trainer.state.best_model_checkpoint).name}'s adapters (--load_best_model_at_end)"]
+    else:
+        said = [f"{final} holds the last step's adapters"]
+    try:
+        best = user_files.read_json(output_dir / BEST / BEST_FILE, what=BEST_FILE)
+        said.append(f"{output_dir / BEST} the best evaluation's ({best['metric']} {best['value']:.4g} at step "
+                    f"{best['step']}; evaluate_2048 and merge_2048 take either as --adapter)")  # fmt: skip
+    except (user_files.FileRefused, LookupError, TypeError, ValueError):
+        pass  # no evaluation, or none saved
+    return ", ".join(said)
 
 
 def say(line: str) -> None:

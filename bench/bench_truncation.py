@@ -65,8 +65,8 @@ def run(handling: str, budget: int, seed: int, work: Path) -> dict:
     model, tokenizer = models.load_model(str(out / "tiny-model"), ModelConfig(), adapter=str(out / "final"))
     model.eval()
     inputs = evaluation.prompt_inputs(tokenizer, rewards.RewardSettings(size=3, target=128), {})
-    ids = evaluation.sample_batch(model, tokenizer, inputs, index=0, size=SAMPLES, seed=1000 + seed,
-                                  temperature=1.0, max_new_tokens=SAMPLE_TOKENS)  # fmt: skip
+    config = evaluation.generation_config(evaluation.sampling_options(temperature=1.0), tokenizer, SAMPLE_TOKENS)
+    ids = evaluation.sample_batch(model, tokenizer, inputs, index=0, size=SAMPLES, seed=1000 + seed, config=config)
     kinds = collections.Counter(demo_data.answer_kind(t) for t in evaluation.decode(tokenizer, ids))
     return {
         "handling": handling, "budget": budget, "seed": seed, "kinds": dict(kinds),

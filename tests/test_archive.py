@@ -347,7 +347,9 @@ def test_files_are_swapped_in_whole_and_say_how_to_play_them(archive, tmp_path):
     assert text.startswith("# train_2048 strategy archive, rank 1 at step 2")
     assert evaluation.file_source(str(link / "best.py")).samples[0].code == clean(CORNER)
     assert "held-out games: 4 (seeds 0-3, 3x3 board to 64): mean reward " in text
-    assert "--strategy <this file> --target=64 --games 4 --seed 0" in text
+    assert "#   python evaluate_2048.py --strategy <this file> --games 4 --seed 0\n" in text
+    game = {"size": "3", "target": "64", "probability_fours": "0.1", "keys": "WASD", "max_moves": "0"}
+    assert evaluation.file_game(text) == game  # the whole game, whatever evaluate_2048's default board is
     assert f"mean score {best['held_out']['score']:.1f}, win rate {best['held_out']['win_rate']:.0%}" in text
     assert clean(CORNER).splitlines()[0] not in index_text(link)  # index.json holds numbers, no code
 
@@ -368,7 +370,7 @@ def test_nothing_in_a_header_ends_its_comment(tmp_path):
     text = best.read_text()
     header = text[: text.index(f"\n{evaluation.ARCHIVED_CODE} = (")]
     assert "'--keys=\\nASD'" in header and all(line.startswith("# ") for line in header.splitlines())
-    assert layout(text)["GAME"] == ["--target=64", "--keys=\nASD"]
+    assert layout(text)["GAME"] == ["--size=3", "--target=64", "--probability_fours=0.1", "--keys=\nASD", "--max_moves=0"]
     assert evaluation.file_source(str(best)).samples[0].code == code
 
 

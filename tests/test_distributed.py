@@ -58,3 +58,7 @@ def test_two_cpu_processes_train_and_save_once(tmp_path):
     assert log.count("train_2048: tiny on the transformers backend") == 1 and "2 processes" in log
     assert log.count("warm start: SFT") == 1 and f"verified {out / 'final'}: its " in log
     assert len(list((out / "runs").iterdir())) == 1
+    # the evaluation's adapters, saved by every rank into the folder the main one made, published once
+    assert log.count("best evaluation so far: eval_mean_reward") == 1 and "best" in names
+    assert {"adapter_model.safetensors", "train_2048_best.json", "train_2048_options.json"} <= {
+        p.name for p in (out / "best").iterdir()}  # fmt: skip

@@ -145,8 +145,12 @@ def test_a_models_best_and_median_sample(tmp_path):
     source = evaluation.model_source("model", completions)
     settings = rewards.RewardSettings(size=4, target=128, move_time_limit=10, game_time_limit=60)
     played = evaluation.play_sources([source], [0, 1, 2], settings)
-    summary = evaluation.summarise(source, [played[0, j] for j in range(4)])
+    summary = evaluation.summarise(source, [played[0, j] for j in range(4)], settings)
     assert (summary["samples"], summary["games"], summary["played_samples"], summary["played_games"]) == (4, 12, 2, 6)
+    # the reward training would give each answer on these games: no code -2 -1; cheats +1 -20; the two played +1 +1
+    # and their mean game score (eval_mean_reward, by which the best adapters are chosen)
+    game = [sum(rewards.game_score(g, settings) for g in played[0, j]) / 3 for j in (2, 3)]
+    assert summary["mean_reward"] == pytest.approx((-3 - 19 + 2 + game[0] + 2 + game[1]) / 4)
     assert (summary["valid_rate"], summary["cheat_rate"]) == (0.75, 0.25)
     assert summary["best_sample"]["sample"] == 3 and summary["best_sample"]["games"] == 3
     direct = strategies.play_games(strategies.random_strategy, 3, seed=0, size=4, target=128)
@@ -312,6 +316,43 @@ def test_config_gives_the_trained_game_and_nothing_of_the_training_run(tmp_path,
     assert stop.value.code == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert "--config FILE.yaml" in shown and "max_completion_length (as --max_new_tokens)" in shown
+
+
+def test_a_file_of_the_strategy_archive_plays_the_game_its_run_played(tmp_path, capsys):
+    """A file the archive wrote names its run's game (GAME, read from its syntax tree, never run): --strategy and
+    --watch play that board, not the default preset's (the demo's 3x3-to-128 best.py was played to 512); flags and
+    --config win; files of runs on other games are one line; a file of the user's own plays the default board."""
+    import strategy_archive
+
+    def archived(name: str, game: list[str]) -> str:
+        path = tmp_path / name
+        path.write_text(strategy_archive.strategy_code(GOOD, game))
+        return str(path)
+
+    demo = archived("best.py", strategy_archive.game_options(rewards.RewardSettings(size=3, target=128)))
+    older = archived("older.py", ["--target=128"])  # an older archive wrote only what differs from sandbox.Game's
+    for path in (demo, older):
+        args, settings = evaluate_2048.parse_args(["--strategy", path])
+        assert (settings.size, settings.target, settings.keys) == (3, 128, "WASD")
+        assert args.board_from == f"the game its run played, {path}'s GAME"
+    args, settings = evaluate_2048.parse_args(["--watch", demo])
+    assert settings.target == 128
+    args, settings = evaluate_2048.parse_args(["--strategy", demo, "--target", "64"])
+    assert settings.target == 64 and args.board_from.endswith("; --target from the command line")
+    args, settings = evaluate_2048.parse_args(["--strategy", demo, "--config", str(REPO / "configs" / "notebook.yaml")])
+    assert (settings.size, settings.target) == (6, 2048) and args.board_from.startswith("--config ")
+    other = archived("other.py", strategy_archive.game_options(rewards.RewardSettings(size=4, target=256)))
+    err = refused(capsys, ["--strategy", demo, "--strategy", other, "--no-baselines"])
+    assert "trained on different games" in err and "--size 4 --target 256" in err
+    args, settings = evaluate_2048.parse_args(["--strategy", demo, "--strategy", other, "--size", "4", "--target", "32"])
+    assert (settings.size, settings.target) == (4, 32)
+    mine = tmp_path / "mine.py"
+    mine.write_text(GOOD)
+    args, settings = evaluate_2048.parse_args(["--strategy", str(mine)])
+    assert (settings.size, settings.target) == (3, 512) and args.board_from.startswith("train_2048's default preset")
+    broken = archived("broken.py", ["--target=128"])
+    Path(broken).write_text(Path(broken).read_text().replace("GAME = ['--target=128']", "GAME = ['--rm=rf']"))
+    assert "names rm, which is not one of the game's options" in refused(capsys, ["--strategy", broken])
 
 
 def test_no_evaluation_replaces_another(tmp_path, monkeypatch, capsys):

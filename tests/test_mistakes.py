@@ -229,6 +229,8 @@ TRAIN = [
     ("report-to-unknown", ["--report_to", "tensorbord"], ["--report_to tensorbord", "no such integration"]),
     ("report-to-one-of-two", ["--report_to", "tensorboard,comet_ml"], ["--report_to comet_ml", "not installed"]),
     ("mxfp4-on-cpu", ["--save_method", "mxfp4"], ["--save_method mxfp4", "unsloth"]),
+    ("best-by-an-unlogged-metric", ["--metric_for_best_model", "eval_loss"],
+     ["--metric_for_best_model eval_loss: the evaluation logs", "eval_mean_reward"]),  # fmt: skip
     # paths that are not what they must be
     ("model-missing", ["--model_name_or_path", "{root}/no-model"], ["model path", "does not exist"]),
     ("model-empty-folder", ["--model_name_or_path", "{root}/empty"], ["model path", "no config.json"]),

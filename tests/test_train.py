@@ -143,6 +143,76 @@ def test_a_yaml_value_is_checked_as_its_flag_is(tmp_path):
     assert parse("--config", str(preset), "--report_to", "none")[1].report_to == []
 
 
+def test_the_best_evaluation_is_chosen_by_the_eval_reward_unless_said_otherwise():
+    """transformers' metric_for_best_model picks the adapters kept in <output_dir>/best: eval_mean_reward (greater is
+    better) where the run evaluates, also under --load_best_model_at_end (whose eval_loss a GRPO evaluation does not
+    log); a metric given stays, with transformers' greater_is_better rule; no evaluation, no metric."""
+    grpo = parse("--config", DEMO)[1]
+    assert (grpo.metric_for_best_model, grpo.greater_is_better) == ("eval_mean_reward", True)
+    grpo = parse("--config", DEMO, "--load_best_model_at_end", "true")[1]
+    assert (grpo.metric_for_best_model, grpo.greater_is_better, grpo.load_best_model_at_end) == ("eval_mean_reward",
+                                                                                                True, True)  # fmt: skip
+    grpo = parse("--config", DEMO, "--metric_for_best_model", "cheat_rate", "--greater_is_better", "false")[1]
+    assert (grpo.metric_for_best_model, grpo.greater_is_better) == ("cheat_rate", False)
+    assert parse("--config", DEMO, "--eval_strategy", "no")[1].metric_for_best_model is None
+
+
+# Every list option of train_2048 (a field typed list[...]): a value a preset may set, and what clearing it gives.
+LISTS = {
+    "lora_target_modules": (["q_proj", "v_proj"], []), "lora_modules_to_save": (["embed_tokens", "lm_head"], []),
+    "lora_target_parameters": (["mlp.experts.gate_up_proj"], []), "report_to": (["tensorboard"], []),
+    "reward_weights": ([1.0, 2.0, 0.5], None), "label_names": (["labels"], []), "include_for_metrics": (["inputs"], []),
+    "debug": (["underflow_overflow"], []), "optim_target_modules": (["q_proj", "v_proj"], None),
+}  # fmt: skip
+
+
+def value_of(parsed, name):
+    return next(getattr(part, name) for part in parsed if hasattr(part, name))
+
+
+def test_every_list_option_can_be_cleared_from_the_command_line_and_from_yaml(tmp_path, capsys):
+    """A preset's list, cleared by the spelling transformers has for --report_to (`none`), by an empty word, by
+    `--name=` and by a YAML []: the empty list (None where the library reads no empty list); `none` beside other values
+    is one line; --help says how for each."""
+    parser = options.train_parser()
+    lists = {name for name, text in options.field_types(parser).items() if "list" in text}
+    assert lists == set(LISTS)  # a new list option gets its case here
+    helps = {action.dest: " ".join((action.help or "").split()) for action in parser._actions}
+    for name, (value, cleared) in LISTS.items():
+        assert "`none` (or '') clears it, a preset's list too" in helps[name], name
+        extra = ["--lora_target_parameters", "mlp.experts.gate_up_proj"] if name == "lora_target_modules" else []
+        preset = tmp_path / f"{name}.yaml"
+        preset.write_text(Path(DEMO).read_text() + f"\n{name}: {value}\n")
+        got = value_of(parse("--config", str(preset)), name)
+        assert [str(getattr(v, "value", v)) for v in got] == [str(v) for v in value], name
+        for spelling in (["none"], [""], ["None"]):
+            assert value_of(parse("--config", str(preset), f"--{name}", *spelling, *extra), name) == cleared, name
+        assert value_of(parse("--config", str(preset), f"--{name}=", *extra), name) == cleared, name
+        preset.write_text(Path(DEMO).read_text() + f"\n{name}: []\n")
+        assert value_of(parse("--config", str(preset), *extra), name) == cleared, name
+    with pytest.raises(options.OptionError, match="--lora_modules_to_save none empties the list: give it alone"):
+        parse("--config", DEMO, "--lora_modules_to_save", "none", "lm_head")
+    with pytest.raises(options.OptionError, match="--lora_target_modules none: LoRA on no module"):
+        parse("--config", DEMO, "--lora_target_modules", "none")
+
+
+def test_the_demo_preset_without_its_trained_embeddings(tiny):
+    """The issue's case: configs/cpu-demo.yaml trains the embeddings and the output layer in full; on a real model a
+    user clears that from the command line and trains the LoRA alone."""
+    path, _ = tiny
+
+    def trainable(*flags):
+        model_args = parse("--config", DEMO, *flags)[2]
+        model = models.attach_lora(models.load_model(str(path), model_args)[0], model_args, "tiny", backend="transformers")
+        return sum(p.numel() for p in model.parameters() if p.requires_grad), str(model)
+
+    full, shown = trainable()
+    assert "modules_to_save" in shown
+    for word in ("none", ""):  # (before: a module list ["none"], which PEFT let pass matching nothing, and [""])
+        lora, cleared = trainable("--lora_modules_to_save", word)
+        assert "modules_to_save" not in cleared and lora < full / 2, word
+
+
 def test_unsloth_refuses_a_router_loss_before_loading(tmp_path, capsys):
     script, grpo, model, settings = parse(
         "--config", DEMO, "--output_dir", str(tmp_path), "--router_aux_loss_coef", "0.9"
@@ -226,9 +296,10 @@ def test_short_line_shows_the_health_numbers():
 
 def test_eval_line_shows_the_evaluation():
     logs = {"eval_valid_rate": 0.75, "eval_cheat_rate": 0.0, "eval_win_rate": 0.125, "eval_max_tile_log2": 6.5}
-    line = trainer.eval_line(40, {**logs, "eval_mean_score": 812.4, "eval_seconds": 1.5, "epoch": 0.04})
+    line = trainer.eval_line(40, {**logs, "eval_mean_score": 812.4, "eval_mean_reward": 7.891, "eval_seconds": 1.5,
+                                  "epoch": 0.04})  # fmt: skip
     assert line.startswith("eval at step 40:") and "valid 75%" in line and "win 12%" in line
-    assert "tile 2^6.5" in line and "score 812" in line and "epoch" not in line
+    assert "tile 2^6.5" in line and "score 812" in line and "reward 7.89" in line and "epoch" not in line
 
 
 # --- models --------------------------------------------------------------------------------------------------
@@ -269,7 +340,8 @@ def test_evaluation_is_repeatable_and_leaves_training_undisturbed(tiny):
     path, settings = tiny
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     model.train()
-    kwargs = dict(samples=3, seed=0, temperature=1.0, max_new_tokens=16, batch_size=2, chat_kwargs={})
+    config = evaluation.generation_config(evaluation.sampling_options(), tokenizer, max_new_tokens=16)
+    kwargs = dict(samples=3, seed=0, config=config, batch_size=2, chat_kwargs={})
     torch.manual_seed(123)
     before = torch.get_rng_state()
     try:

@@ -97,7 +97,7 @@ def test_outputs_layout(full_run):
     out, _ = full_run
     assert users_files(out) == USERS_FILES  # TRL's model card went nowhere near the user's README.md
     claims = set(json.loads((out / ".train_2048-run.json").read_text())["claims"])
-    assert {"checkpoint-2", "checkpoint-4", "final", "training.log", "runs", "strategies"} <= claims
+    assert {"checkpoint-2", "checkpoint-4", "final", "best", "training.log", "runs", "strategies"} <= claims
     assert not claims & set(USERS_FILES), claims
     names = {p.name for p in out.iterdir()}
     assert {"training.log", "metrics.jsonl", "runs", "checkpoint-2", "checkpoint-4", "final", "tiny-model"} <= names
@@ -121,7 +121,10 @@ def test_console_and_log_have_a_short_line_per_step(full_run):
     assert "{'loss'" not in result.stdout  # the Trainer's metric dump is replaced by the short line
     last = result.stdout.strip().splitlines()[-1]  # names a TensorBoard that runs from here: the venv's own
     program = last.split("TensorBoard: ", 1)[1].split(" --logdir ")[0]
-    assert last.startswith("done after 4 steps.") and os.access(REPO / program, os.X_OK), last
+    assert os.access(REPO / program, os.X_OK), last
+    best = json.loads((out / "best" / "train_2048_best.json").read_text())
+    assert last.startswith(f"done after 4 steps: {out / 'final'} holds the last step's adapters, {out / 'best'} the best "
+                           f"evaluation's (eval_mean_reward {best['value']:.4g} at step {best['step']}; "), last
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
     for m in metrics(out):  # the step split: generation, rewards, optimizer, archive, the rest (log-probs, backward)
         parts = [m[f"time/{p}_s"] for p in ("generate", "rewards", "optimizer", "archive", "logprobs_and_backward")]
@@ -186,23 +189,38 @@ def test_eval_steps_log_the_evaluation_to_tensorboard(full_run):
     assert "eval at step 4:  valid " in (out / "training.log").read_text()
 
 
-def test_eval_is_evaluate_2048_on_the_checkpoint(full_run, tmp_path):
-    """One implementation: evaluate_2048.py with the same seeds on checkpoint-2 gets eval/* of step 2 (on the CPU,
-    like the run: a GPU samples other tokens)."""
-    out, _ = full_run
-    (logged,) = [m for m in metrics(out, "eval_valid_rate") if m["step"] == 2]
+def test_eval_is_evaluate_2048_on_the_checkpoint_and_the_best_adapters(full_run, tmp_path):
+    """One implementation: evaluate_2048.py --adapter with the same seeds, and nothing else of the run said (its board,
+    token budget and sampler are read from the adapter folder's train_2048_options.json), gets eval/* of the step
+    that saved it (on the CPU, like the run: a GPU samples other tokens): checkpoint-2, and best/, the adapters of the
+    run's best evaluation by eval_mean_reward (transformers' metric_for_best_model), which merge_2048.py takes too."""
     import rewards
 
+    out, _ = full_run
+    evaluations = {m["step"]: m for m in metrics(out, "eval_valid_rate")}
+    best = json.loads((out / "best" / "train_2048_best.json").read_text())
+    top = max(m["eval_mean_reward"] for m in evaluations.values())
+    assert best == {"step": min(s for s, m in evaluations.items() if m["eval_mean_reward"] == top),
+                    "metric": "eval_mean_reward", "value": top, "greater_is_better": True}  # fmt: skip
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    assert (state["best_metric"], state["best_global_step"]) == (top, best["step"])  # transformers' own bookkeeping
     seed = rewards.held_out_seeds("tests", 2)[0]  # the run's held-out games, and its evaluation's sampling seed
-    args = ["--adapter", out / "checkpoint-2", "--samples", 2, "--games", 2, "--seed", seed, "--no-baselines"]
-    args += ["--max_new_tokens", 32, "--batch_size", 8, "--temperature", 1.0, "--config", DEMO]  # the demo's board
-    args += ["--output_dir", tmp_path]
-    r = subprocess.run([sys.executable, str(REPO / "evaluate_2048.py"), *map(str, args)],
-                       cwd=REPO, capture_output=True, text=True, timeout=300, env=ENV)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    (summary,) = json.loads((tmp_path / "results.json").read_text())["summary"]
-    for name in ("valid_rate", "cheat_rate", "win_rate", "mean_score"):
-        assert summary[name] == pytest.approx(logged[f"eval_{name}"]), name
+    for folder, step in (("checkpoint-2", 2), ("best", best["step"])):
+        args = ["--adapter", out / folder, "--samples", 2, "--games", 2, "--seed", seed, "--no-baselines"]
+        args += ["--batch_size", 8, "--output_dir", tmp_path / folder]  # the run's per_device_eval_batch_size
+        r = subprocess.run([sys.executable, str(REPO / "evaluate_2048.py"), *map(str, args)],
+                           cwd=REPO, capture_output=True, text=True, timeout=300, env=ENV)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"board: the run's own options, {out / folder / 'train_2048_options.json'}" in " ".join(r.stdout.split())
+        report = json.loads((tmp_path / folder / "results.json").read_text())
+        assert (report["settings"]["size"], report["settings"]["target"], report["settings"]["max_new_tokens"]) == (3, 128, 32)
+        assert (report["settings"]["top_k"], report["settings"]["top_p"]) == (0, 1.0)  # TRL's sampler, not top_k 50
+        (summary,) = report["summary"]
+        for name in ("valid_rate", "cheat_rate", "win_rate", "mean_score", "mean_reward"):
+            assert summary[name] == pytest.approx(evaluations[step][f"eval_{name}"]), (folder, name)
+    merged = subprocess.run([sys.executable, str(REPO / "merge_2048.py"), "--adapter", str(out / "best"), "--output_dir",
+                             str(tmp_path / "merged")], cwd=REPO, capture_output=True, text=True, timeout=300, env=ENV)  # fmt: skip
+    assert merged.returncode == 0 and "a correct merge" in merged.stdout + merged.stderr, merged.stderr[-3000:]
 
 
 def test_saves_reload_and_sample_like_the_trained_model(full_run):
@@ -275,8 +293,7 @@ def test_the_archive_is_ranked_seen_in_tensorboard_and_plays_in_the_sandbox(full
     assert events.Scalars("archive/best_score")[-1].value == best["held_out"]["score"]
     assert best["id"] in events.Tensors("archive/text_summary")[-1].tensor_proto.string_val[0].decode()
 
-    evaluate = [sys.executable, str(REPO / "evaluate_2048.py"), "--config", DEMO, "--seed", str(held_out[0]),
-                "--games", "2"]  # fmt: skip
+    evaluate = [sys.executable, str(REPO / "evaluate_2048.py"), "--seed", str(held_out[0]), "--games", "2"]  # its GAME
     played = subprocess.run([*evaluate, "--strategy", str(out / "strategies" / "best.py"), "--no-baselines",
                              "--output_dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
                             env=ENV)  # fmt: skip

@@ -313,6 +313,34 @@ class _warnings:
         generation.log.removeHandler(self.handler)
 
 
+def test_unsloths_trainer_samples_with_the_runs_one_sampler(tiny, tmp_path):
+    """Unsloth's generated GRPOTrainer, built for real on the BF16 preset's model with every sampling option set: the
+    GenerationConfig of its rollouts is evaluation.generation_config's field by field (what our trainer's rollouts
+    and evaluations, evaluate_2048 and the save check sample with), and ours over it samples with that same config."""
+    import evaluation
+    import rewards
+    import trainer
+
+    sampler = ["--temperature", "0.7", "--top_p", "0.9", "--top_k", "20", "--min_p", "0.05",
+               "--repetition_penalty", "1.1", "--generation_kwargs", '{"no_repeat_ngram_size": 4}']  # fmt: skip
+    argv = ["--config", str(REPO / "configs" / "gpt-oss-20b-bf16.yaml"), *ON_CPU, *sampler, "--output_dir",
+            str(tmp_path), "--model_name_or_path", str(tiny)]  # fmt: skip
+    _, settings, args, _ = options.parse_args(argv)
+    model, tokenizer = load_with_unsloth(tiny, split=False)
+    dataset = rewards.build_dataset(8, settings)
+    reward = lambda completions, **kwargs: [0.0] * len(completions)  # noqa: E731
+    theirs = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=dataset,
+                             processing_class=tokenizer)  # fmt: skip
+    assert type(theirs).__name__ == "UnslothGRPOTrainer"
+    ours = evaluation.generation_config(args, tokenizer, args.max_completion_length)
+    assert ours.to_dict() == theirs.generation_config.to_dict()
+    assert (ours.top_k, ours.min_p, ours.no_repeat_ngram_size) == (20, 0.05, 4)
+    game = trainer.GameGRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=dataset,
+                                   processing_class=tokenizer, settings=settings, eval_samples=2, eval_seeds=[1, 2],
+                                   times=trainer.StepTimes(torch.device("cpu")))  # fmt: skip
+    assert game.generation_config.to_dict() == theirs.generation_config.to_dict()
+
+
 # --- GRPO steps through Unsloth's trainer -------------------------------------------------------------------------
 
 
