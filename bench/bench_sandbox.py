@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -196,10 +197,13 @@ def seccomp_actions(children: int) -> dict[str, dict[str, float]]:
     (here pidfd_getfd), which then sees the call and kills the child, as a referee would."""
     import ctypes
 
+    import pyseccomp
+
     import sandbox_child
 
     libc = ctypes.CDLL(None, use_errno=True)
-    sys_seccomp, sys_pidfd_open, sys_pidfd_getfd = 317, 434, 438  # x86_64
+    number = functools.partial(pyseccomp.resolve_syscall, pyseccomp.Arch.NATIVE)  # x86_64's and aarch64's differ
+    sys_seccomp, sys_pidfd_open, sys_pidfd_getfd = number("seccomp"), number("pidfd_open"), number("pidfd_getfd")
     out = {}
     for action in ("ERRNO", "KILL_PROCESS", "TRAP", "NOTIFY"):
         program, why = sandbox_child.build_seccomp(action)
