@@ -145,7 +145,7 @@ def _load_unsloth(path, model_args, trainable, max_seq_length, offload_embedding
 
 def _load_transformers(path, model_args, adapter, device_map, local_files_only, trust_remote_code):
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from trl import get_quantization_config
 
     quantization = get_quantization_config(model_args)
@@ -161,18 +161,69 @@ def _load_transformers(path, model_args, adapter, device_map, local_files_only, 
         local_files_only=local_files_only,
         trust_remote_code=trust_remote_code,
     )
-    has_tokenizer = adapter is not None and (Path(adapter) / "tokenizer_config.json").is_file()
-    tokenizer = AutoTokenizer.from_pretrained(
-        adapter if has_tokenizer else path,
-        revision=None if has_tokenizer else model_args.model_revision,
-        local_files_only=local_files_only,
-        trust_remote_code=trust_remote_code,
-    )
+    tokenizer = load_tokenizer(path, adapter, revision=model_args.model_revision, local_files_only=local_files_only,
+                               trust_remote_code=trust_remote_code)  # fmt: skip
     if adapter is not None and split_expert_lora(adapter):
         return attach_split_expert_lora(model, Path(adapter)), tokenizer
     if adapter is not None:
         return PeftModel.from_pretrained(model, adapter, local_files_only=local_files_only), tokenizer
     return model, tokenizer
+
+
+class TemplateRefused(ValueError):
+    """A chat template from a user's folder that is not the base model's, or that renders without end: one line."""
+
+
+def load_tokenizer(base: str, adapter: str | None = None, **kwargs):
+    """The tokenizer of `base`, or the one saved with the adapters in `adapter` when it has one: a run saves the base's
+    tokenizer beside its adapters. Theirs is used only when its chat template is the base's, which runs as code at
+    every prompt (a template of nested loops never ends): TemplateRefused otherwise. `kwargs` go to from_pretrained
+    (revision applies to the base)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base, **kwargs)
+    if adapter is None or not (Path(adapter) / "tokenizer_config.json").is_file():
+        return tokenizer
+    theirs = AutoTokenizer.from_pretrained(adapter, **{k: v for k, v in kwargs.items() if k != "revision"})
+    if theirs.chat_template != tokenizer.chat_template:
+        raise TemplateRefused(f"the chat template saved in {adapter} is not its base model's ({base}'s): a template "
+                              "runs as code at every prompt, so only the base's is used; delete the adapter folder's "
+                              "chat_template.jinja and tokenizer files to use the base's")  # fmt: skip
+    return theirs
+
+
+TEMPLATE_SECONDS = 10  # a chat template renders the prompt in milliseconds; a hostile one may never end
+TEMPLATE_CHARACTERS = 1 << 20  # the rendered prompt: a few thousand characters
+
+
+def check_template(tokenizer, messages: list[dict], label: str, **kwargs) -> None:
+    """Render the chat template of `tokenizer` once, as the prompt will be rendered, with a bound on time
+    (TEMPLATE_SECONDS, from the main thread) and on what it writes (TEMPLATE_CHARACTERS): TemplateRefused otherwise,
+    naming `label`. Called before a model is sampled, so a template that never ends is one line, not a hang."""
+    import signal
+    import threading
+
+    def stop(signum, frame):
+        raise TimeoutError
+
+    timed = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGALRM, stop) if timed else None
+    if timed:
+        signal.setitimer(signal.ITIMER_REAL, TEMPLATE_SECONDS)
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    except TimeoutError:
+        raise TemplateRefused(f"the chat template of {label} renders the prompt for more than {TEMPLATE_SECONDS} s "
+                              "(a prompt takes milliseconds): it is not used") from None  # fmt: skip
+    except MemoryError:
+        raise TemplateRefused(f"the chat template of {label} renders more than memory holds: it is not used") from None
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    if len(text) > TEMPLATE_CHARACTERS:
+        raise TemplateRefused(f"the chat template of {label} renders the prompt as {len(text):,} characters (above "
+                              f"{TEMPLATE_CHARACTERS:,}): it is not used")  # fmt: skip
 
 
 class LoraRefused(ValueError):
@@ -184,6 +235,9 @@ def attach_lora(model, model_args, name: str, *, backend: str, seed: int = 0, gr
     get_peft_model. A step of its own after the load: LoRA options the model cannot take (a target module it does not
     have) are a LoraRefused naming the option, checked before the library is asked, never a model that "cannot load"."""
     problem = lora_targets_problem(model, model_args.lora_target_modules, name)
+    most = widest(model.config.to_dict())
+    if not problem and most is not None and model_args.lora_r > most:
+        problem = f"--lora_r {model_args.lora_r}: wider than any layer of {name} (at most {most}): use {most} or less"
     if problem:
         raise LoraRefused(problem)
     try:
@@ -489,57 +543,161 @@ def base_identity(name: str, revision: str | None = None, model=None) -> dict:
 
 
 def trained_quantized(adapter: Path, trained_on: str | None) -> str | None:
-    """How the weights the adapter was trained on were quantized ("nf4"), from its BASE_FILE; for an adapter without
-    one, from the checkpoint it names: Unsloth's 4-bit checkpoints on the hub (FUSED_CHECKPOINT)."""
-    try:
-        identity = read_base_identity(adapter)
-    except ValueError:
-        identity = None
+    """How the weights the adapter was trained on were quantized ("nf4"), from its BASE_FILE (read_base_identity, which
+    the caller has checked); for an adapter without one, from the checkpoint it names: Unsloth's 4-bit checkpoints on
+    the hub (FUSED_CHECKPOINT)."""
+    identity = read_base_identity(adapter)
     if identity is not None:
-        return identity.get("quantized") or None
+        return identity["quantized"]
     if trained_on in FUSED_CHECKPOINT:  # Unsloth's NF4 checkpoints (the MXFP4 originals may have been trained in 16 bits)
         return "nf4"
     return None
 
 
 def write_base_identity(folder: Path, identity: dict) -> None:
-    """BASE_FILE into an adapter folder this run writes (replaced when the folder is saved again)."""
+    """BASE_FILE into an adapter folder this run writes (replaced when the folder is saved again). A base inside the
+    run folder (the CPU demo's tiny-model/) is also recorded relative to it, `in_run`: a run folder moved or renamed
+    with its tiny-model/ still finds its base (resolve_base)."""
     import user_files
 
     path = Path(folder) / BASE_FILE
+    run = Path(folder).resolve().parent  # checkpoint-N/ and final/ (a temporary folder beside it) sit in the run folder
+    local = Path(identity["path"]) if identity.get("path") else None
+    in_run = str(local.relative_to(run)) if local is not None and local.is_relative_to(run) and local != run else None
     if path.is_file() and not path.is_symlink():
         path.unlink()
-    user_files.write_new(path, json.dumps(identity, indent=1) + "\n")
+    user_files.write_new(path, json.dumps({**identity, "in_run": in_run}, indent=1) + "\n")
+
+
+# Each field of BASE_FILE and what it may hold (read_base_identity): a record that holds anything else is refused.
+TEXT = 4096  # characters of a name or a path in the record
 
 
 def read_base_identity(adapter: Path) -> dict | None:
-    """The adapter's BASE_FILE, or None (an adapter saved before it existed, or elsewhere). ValueError when damaged."""
+    """The adapter's BASE_FILE with every field checked, or None (an adapter saved before it existed, or elsewhere).
+    ValueError, one line, when it is damaged or holds what no run writes: name a text; loaded, path, revision and
+    quantized a text or null; in_run null or a path inside the run folder; fingerprint a mapping of embed_tokens/norm
+    to {shape: a list of sizes, values: a list of at most FINGERPRINT_VALUES numbers}. Fields it lacks (older runs')
+    are null."""
     import user_files
 
     path = Path(adapter) / BASE_FILE
-    if not path.exists():
+    if not (path.exists() or path.is_symlink()):
         return None
     try:
         identity = user_files.read_json(path, 1 << 20, "the adapter's base record")
     except user_files.FileRefused as error:
         raise ValueError(str(error)) from None
-    if not isinstance(identity, dict) or not isinstance(identity.get("name"), str):
-        raise ValueError(f"{path}: not a record of a base model (no name)")
-    return identity
+    if not isinstance(identity, dict):
+        raise ValueError(f"{path}: not a record of a base model (a {type(identity).__name__}, not a mapping)")
+
+    def text(value) -> bool:
+        return isinstance(value, str) and 0 < len(value) <= TEXT
+
+    if not text(identity.get("name")):
+        raise ValueError(f"{path}: not a record of a base model (its name is {shown(identity.get('name'))}, not a text)")
+    for key in ("loaded", "path", "revision", "quantized", "in_run"):
+        if identity.get(key) is not None and not text(identity[key]):
+            raise ValueError(f"{path}: its {key} is {shown(identity[key])}, not a text or null")
+    in_run = identity.get("in_run")
+    if in_run is not None and (Path(in_run).is_absolute() or ".." in Path(in_run).parts):
+        raise ValueError(f"{path}: its in_run {shown(in_run)} is not a path inside the run folder")
+    prints = identity.get("fingerprint")
+    prints = {} if prints is None else prints
+    if not isinstance(prints, dict):
+        raise ValueError(f"{path}: its fingerprint is {shown(prints)}, not a mapping of tensor to values")
+    for key, entry in prints.items():
+        shape, values = (entry.get("shape"), entry.get("values")) if isinstance(entry, dict) else (None, None)
+        number = (int, float)
+        if key not in FINGERPRINTED or not isinstance(shape, list) or len(shape) > 8 or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape) or not isinstance(
+                values, list) or len(values) > FINGERPRINT_VALUES or not all(
+                isinstance(v, number) and not isinstance(v, bool) for v in values):  # fmt: skip
+            raise ValueError(f"{path}: its fingerprint's {shown(key)} is {shown(entry)}, not {{shape: [sizes], values: "
+                             f"[at most {FINGERPRINT_VALUES} numbers]}} of {' or '.join(FINGERPRINTED)}")  # fmt: skip
+    return {**{key: identity.get(key) for key in ("loaded", "path", "revision", "quantized", "in_run")},
+            "name": identity["name"], "fingerprint": prints}  # fmt: skip
 
 
-def trained_base(adapter: Path, name: str) -> str:
-    """The base an adapter names, as a path that works from here: a relative path written by an older run (the CPU
-    demo's outputs/cpu-demo/tiny-model) is looked for against the adapter's parents, then as <run folder>/<its last
-    part>; otherwise `name` as it is (a hub name, an absolute path)."""
-    given = Path(name).expanduser()
-    if given.is_absolute() or given.is_dir() or not name:
-        return name
+def shown(value, limit: int = 60) -> str:
+    """A value read from a user's file, as JSON in a few characters (for a one-line refusal)."""
+    import user_files
+
+    return user_files.shorten(json.dumps(value, default=str), limit)
+
+
+class BaseRefused(ValueError):
+    """No base model the adapters fit can be found, or the one named is another model: one line."""
+
+
+def resolve_base(adapter: Path, override: str | None, option: str) -> str:
+    """The base model the adapters in `adapter` (a run's final/ or checkpoint-N/) go on: one rule for resume, evaluate
+    and merge. `override`, the base the user named (`option`: --base, --model, --model_name_or_path), as it is; else
+    the first of these that holds a model, and when the adapter's BASE_FILE has a fingerprint, the first whose
+    fingerprint agrees with it:
+
+    1. the recorded path: BASE_FILE's path, adapter_config.json's base_model_name_or_path (an older run's relative
+       path is looked for from here and from the adapter's parents);
+    2. the same name in the run folder (the adapter's parent): BASE_FILE's in_run, or the recorded folder's last
+       part, so that a run folder moved or renamed with its tiny-model/ still evaluates and merges;
+    3. the hub name (adapter_config.json's, or BASE_FILE's name), which the caller loads or fetches and compares.
+
+    BaseRefused, one line naming `option`, when the record cannot be read, when models are found and none is the
+    trained one, or when nothing is found at all. Callers map the result to the checkpoint they load
+    (merging.merge_base: the 16-bit original; FUSED_CHECKPOINT: transformers' layout)."""
+    import user_files
+
+    if override:
+        return override
+    try:
+        identity = read_base_identity(adapter)
+    except ValueError as error:
+        raise BaseRefused(f"{error}; {option} names the base model") from None
+    try:
+        config = user_files.read_json(Path(adapter) / "adapter_config.json", what="adapter_config.json")
+    except user_files.FileRefused:
+        config = {}
+    named = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    named = named if isinstance(named, str) and 0 < len(named) <= TEXT else None
+    identity = identity or {"name": None, "path": None, "in_run": None, "fingerprint": {}}
+    recorded = list(dict.fromkeys(n for n in (identity["path"], named, identity["name"]) if n and looks_local(n)))
     run = Path(adapter).resolve().parent
-    for candidate in [*(p / given for p in run.parents), run / given, run / given.name]:
-        if (candidate / "config.json").is_file():
-            return str(candidate)
-    return name
+    candidates = []
+    for name in recorded:
+        given = Path(name).expanduser()
+        candidates += [given] if given.is_absolute() else [given, *(p / given for p in run.parents), run / given]
+    if identity["in_run"]:
+        candidates.append(run / identity["in_run"])
+    candidates += [run / Path(name).name for name in recorded]
+    # (a model a package ships, found by its name: its folder goes here, before the hub is asked)
+    found, refused = [], None
+    for folder in dict.fromkeys(candidates):
+        if not (folder / "config.json").is_file():
+            continue
+        found.append(folder)
+        if not identity["fingerprint"]:
+            return str(folder)  # an older adapter: nothing to compare, the first model found
+        other, _ = compare_base(adapter, folder, str(folder))
+        if other is None:
+            return str(folder)
+        refused = refused or other
+    if refused:
+        raise BaseRefused(f"{refused}; {option} names the model it was trained on")
+    hub = next((n for n in (named, identity["name"]) if n and not looks_local(n)), None)
+    if hub:
+        return hub
+    trained = identity["name"] or named
+    if not trained:
+        raise BaseRefused(f"{adapter}: neither adapter_config.json nor {BASE_FILE} names its base model; {option} "
+                          "names it")  # fmt: skip
+    where = " nor ".join(dict.fromkeys(str(c) for c in candidates[:1] + candidates[-1:]))
+    raise BaseRefused(f"the base {adapter} was trained on, {trained}, is not here (not at {where}); {option} names "
+                      "where it is now")  # fmt: skip
+
+
+def looks_local(name: str) -> bool:
+    """A path rather than a hub id (org/name, or a bare name): absolute, relative with ./ or ~, or deeper than one /."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).expanduser().is_dir()
 
 
 def same_fingerprint(a: list, b: list) -> bool:
@@ -552,11 +710,9 @@ def same_fingerprint(a: list, b: list) -> bool:
 
 def compare_base(adapter: Path, folder: Path | None, label: str) -> tuple[str | None, str | None]:
     """(why the base in `folder` is not the one the adapter was trained on, None), or (None, a note when it cannot be
-    told), or (None, None) when the fingerprints agree. `label` names the base as the user gave it."""
-    try:
-        identity = read_base_identity(adapter)
-    except ValueError as error:
-        return None, f"the base cannot be checked ({error})"
+    told), or (None, None) when the fingerprints agree. `label` names the base as the user gave it. ValueError when the
+    adapter's BASE_FILE is damaged (read_base_identity)."""
+    identity = read_base_identity(adapter)
     if identity is None:
         return None, f"{adapter} holds no {BASE_FILE} (saved before it was written): its base cannot be checked"
     trained = identity["name"] + (f" (revision {identity['revision']})" if identity.get("revision") else "")
@@ -598,6 +754,25 @@ def safetensors_problem(file: Path) -> str | None:
     if not stat.S_ISREG(info.st_mode):
         return "not a regular file"
     return run_folder.safetensors_damage(file)
+
+
+def weights_damage(folder: Path) -> str | None:
+    """Why a local model folder's weights cannot be loaded, read from the safetensors headers alone (None: each file
+    its index names is there, whole): a copy cut short, a shard missing. Asked before a load, so a damaged base is one
+    line naming the file, not the library's words about metadata."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        return None
+    try:
+        shards = sorted(set(tensor_files(folder).values())) if (folder / "model.safetensors.index.json").is_file() \
+            else sorted(folder.glob("*.safetensors"))  # fmt: skip
+    except (ValueError, OSError) as error:
+        return f"its weights' index does not read ({one_line(error, 120)})"
+    for shard in shards:
+        problem = "it is missing" if not shard.exists() else safetensors_problem(shard)
+        if problem:
+            return f"its {shard.name} is damaged ({problem}): a copy cut short, or another file"
+    return None
 
 
 def target_modules_problem(targets) -> str | None:
@@ -655,9 +830,15 @@ def target_modules_problem(targets) -> str | None:
     return None
 
 
+TRAINED_PEFT = ("LORA",)  # the adapters train_2048 trains: any other kind (prefix tuning, IA3, ...) is refused
+
+
 def adapter_config_problem(folder: Path) -> tuple[dict | None, str | None]:
-    """(adapter_config.json, None) when it can be handed to PEFT, else (None, why): read as a user's file, a LoRA rank
-    and a finite alpha, a target_modules PEFT can match, and adapter_model.safetensors' header whole."""
+    """(adapter_config.json, None) when it can be handed to PEFT, else (None, why): read as a user's file, a kind of
+    adapter the project trains (TRAINED_PEFT), a LoRA rank and a finite alpha, no rank or alpha per module, a
+    target_modules PEFT can match, and adapter_model.safetensors' header whole, each LoRA pair of that rank and no wider
+    than the layer it is on (lora_rank_problem): PEFT builds every adapter at the configured rank before it reads a
+    tensor, so r = 2,000,000 would take gigabytes first."""
     import math
 
     import user_files
@@ -668,12 +849,19 @@ def adapter_config_problem(folder: Path) -> tuple[dict | None, str | None]:
         return None, f"its adapter_config.json does not read ({str(error).rpartition(': ')[2] or error})"
     if not isinstance(config, dict):
         return None, "its adapter_config.json is not a record"
+    kind = config.get("peft_type", "LORA")
+    if kind not in TRAINED_PEFT:
+        return None, (f"its adapter_config.json holds a {shown(kind)} adapter, and train_2048 trains and reads "
+                      f"{', '.join(TRAINED_PEFT)} adapters only")  # fmt: skip
     rank, alpha = config.get("r"), config.get("lora_alpha")
-    if config.get("peft_type", "LORA") == "LORA":
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
-            return None, f"its adapter_config.json gives LoRA rank r = {rank!r}, not a positive whole number"
-        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
-            return None, f"its adapter_config.json gives lora_alpha = {alpha!r}, not a finite number"
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+        return None, f"its adapter_config.json gives LoRA rank r = {shown(rank)}, not a positive whole number"
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        return None, f"its adapter_config.json gives lora_alpha = {shown(alpha)}, not a finite number"
+    for key in ("rank_pattern", "alpha_pattern"):
+        if config.get(key):
+            return None, (f"its adapter_config.json gives {key} {shown(config[key])}: ranks and alphas per module "
+                          "are not what train_2048 trains")  # fmt: skip
     problem = target_modules_problem(config.get("target_modules"))
     if problem:
         return None, f"its adapter_config.json: {problem}"
@@ -682,7 +870,57 @@ def adapter_config_problem(folder: Path) -> tuple[dict | None, str | None]:
         problem = safetensors_problem(weights)
         if problem:
             return None, f"{weights.name} is damaged ({problem})"
+        problem = lora_rank_problem(weights, rank)
+        if problem:
+            return None, problem
     return config, None
+
+
+def lora_rank_problem(weights: Path, rank: int) -> str | None:
+    """Why the LoRA pairs in `weights` (its header: nothing read) do not have the configured rank, or are wider than the
+    layers they are on (None: every lora_A is (rank x k, in) and its lora_B (out, rank x k), k experts, rank <= in and
+    out). A LoRA of rank r on an in x out layer changes nothing more than one of rank min(in, out)."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="np") as f:
+        shapes = {name: list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+    for name, shape in shapes.items():
+        if ".lora_A." not in name:
+            continue
+        other = shapes.get(name.replace(".lora_A.", ".lora_B."))
+        if len(shape) != 2 or other is None or len(other) != 2 or shape[0] != other[1] or shape[0] % rank:
+            return (f"its adapter_config.json gives rank r = {rank}, and {name} is {shape}, its lora_B "
+                    f"{other}: not a LoRA pair of that rank")  # fmt: skip
+        if rank > min(shape[1], other[0]):
+            return (f"its adapter_config.json gives rank r = {rank}, wider than the layer {name} is on "
+                    f"({shape[1]} in, {other[0]} out)")  # fmt: skip
+    return None
+
+
+def lora_width_problem(config: dict, base: str) -> str | None:
+    """Why an adapter's rank is wider than its base model (None: it is not, or the base's config.json is not here to
+    tell): PEFT puts a LoRA of the configured rank on every layer target_modules names, saved tensors or not, and no
+    layer of the model is wider than its widest hidden or intermediate size."""
+    import user_files
+
+    folder, _ = checkpoint_files(base)
+    try:
+        model = user_files.read_json(folder / "config.json", what="config.json") if folder is not None else None
+    except user_files.FileRefused:
+        return None
+    most = widest(model) if isinstance(model, dict) else None
+    if most is not None and config["r"] > most:
+        return f"its adapter_config.json gives rank r = {config['r']}, wider than any layer of {base} (at most {most})"
+    return None
+
+
+def widest(config: dict) -> int | None:
+    """The widest hidden or intermediate size of a model's config (a mapping, as config.json holds it), or None: no
+    LoRA on its layers has a use for a rank above it."""
+    config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+    widths = [v for k, v in config.items() if k in ("hidden_size", "intermediate_size", "moe_intermediate_size")
+              and isinstance(v, int) and not isinstance(v, bool) and v > 0]  # fmt: skip
+    return max(widths) if widths else None
 
 
 def adapter_weights_problem(folder: Path) -> str | None:
@@ -715,8 +953,10 @@ def non_finite_tensors(tensors: dict) -> str | None:
 
 
 def one_line(error: BaseException, limit: int = 300) -> str:
-    """An error's message as one line of at most `limit` characters."""
-    return " ".join(str(error).split())[:limit]
+    """An error's message as one line of at most `limit` characters, cut at a word (user_files.shorten)."""
+    import user_files
+
+    return user_files.shorten(str(error), limit)
 
 
 # --- a loaded model, sampled and let go ---------------------------------------------------------------------------
