@@ -247,8 +247,6 @@ def load_model(args: EvalArguments):
             device_map="auto" if torch.cuda.is_available() else None,
             local_files_only=True,
         )
-    except models.TemplateRefused as exc:
-        die(f"--adapter {args.adapter}: {exc}")
     except Exception as exc:  # not a model folder, not in the cache, a broken adapter: all the user's to fix
         die(f"cannot load model {base}{' with adapter ' + args.adapter if args.adapter else ''}: {one_line(exc)}")
     if args.adapter is not None and models.split_expert_lora(args.adapter):
@@ -296,10 +294,8 @@ def model_sources(args, settings, progress, only_adapter: bool = False) -> list[
     try:  # the template renders the prompt as the sampling will: bounded in time and length (a user's folder)
         models.check_template(tokenizer, [{"role": "user", "content": rewards.build_prompt(settings)}],
                               args.adapter or args.model, reasoning_effort=args.reasoning_effort)  # fmt: skip
-    except models.TemplateRefused as exc:
+    except models.TemplateRefused as exc:  # none, one that fails, never ends or floods
         die(str(exc))
-    except (TypeError, ValueError, KeyError) as exc:  # most often: the tokenizer has no chat template
-        die(f"cannot render the prompt with the chat template of {args.adapter or args.model}: {one_line(exc)}")
 
     def sample(label: str) -> evaluation.Source:
         task = progress.add_task(f"sampling {label}", total=args.samples)

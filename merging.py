@@ -247,14 +247,13 @@ def merge_adapters(adapter: Path, base: Path, out: Path, products: dict, whole: 
 
     try:
         tokenizer = models.load_tokenizer(str(base), str(adapter))
-        models.check_template(tokenizer, evaluation_messages(), str(adapter), reasoning_effort="low")
-    except models.TemplateRefused:
-        raise
     except Exception as error:  # noqa: BLE001 - no tokenizer, or a damaged one: the user's to fix, in one line
         raise ValueError(f"{adapter} and {base} hold no tokenizer that loads ({type(error).__name__}: "
                          f"{models.one_line(error)})") from error  # fmt: skip
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    label = str(adapter if (adapter / "tokenizer_config.json").is_file() else base)
+    models.check_template(tokenizer, evaluation_messages(), label, reasoning_effort="low")  # TemplateRefused
     model, dtype, transposed = _with_adapters(base, adapter, dtype="auto", gpu=torch.cuda.is_available())
     merged = merge_rounding_once(model)
     dtype = dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16  # merged_16bit: 16 bits

@@ -171,25 +171,18 @@ def _load_transformers(path, model_args, adapter, device_map, local_files_only, 
 
 
 class TemplateRefused(ValueError):
-    """A chat template from a user's folder that is not the base model's, or that renders without end: one line."""
+    """A chat template from a user's folder that renders without end, or without bound: one line."""
 
 
 def load_tokenizer(base: str, adapter: str | None = None, **kwargs):
-    """The tokenizer of `base`, or the one saved with the adapters in `adapter` when it has one: a run saves the base's
-    tokenizer beside its adapters. Theirs is used only when its chat template is the base's, which runs as code at
-    every prompt (a template of nested loops never ends): TemplateRefused otherwise. `kwargs` go to from_pretrained
-    (revision applies to the base)."""
+    """The tokenizer saved with the adapters in `adapter` when it has one (a run saves the tokenizer it trained with,
+    chat template included), else the base's. `kwargs` go to from_pretrained (revision applies to the base). Its chat
+    template runs at every prompt: check_template renders it once, bounded, before a model is sampled."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(base, **kwargs)
-    if adapter is None or not (Path(adapter) / "tokenizer_config.json").is_file():
-        return tokenizer
-    theirs = AutoTokenizer.from_pretrained(adapter, **{k: v for k, v in kwargs.items() if k != "revision"})
-    if theirs.chat_template != tokenizer.chat_template:
-        raise TemplateRefused(f"the chat template saved in {adapter} is not its base model's ({base}'s): a template "
-                              "runs as code at every prompt, so only the base's is used; delete the adapter folder's "
-                              "chat_template.jinja and tokenizer files to use the base's")  # fmt: skip
-    return theirs
+    if adapter is not None and (Path(adapter) / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(adapter, **{k: v for k, v in kwargs.items() if k != "revision"})
+    return AutoTokenizer.from_pretrained(base, **kwargs)
 
 
 TEMPLATE_SECONDS = 10  # a chat template renders the prompt in milliseconds; a hostile one may never end
@@ -217,6 +210,9 @@ def check_template(tokenizer, messages: list[dict], label: str, **kwargs) -> Non
                               "(a prompt takes milliseconds): it is not used") from None  # fmt: skip
     except MemoryError:
         raise TemplateRefused(f"the chat template of {label} renders more than memory holds: it is not used") from None
+    except Exception as error:  # noqa: BLE001 - no template, or one that fails (jinja's errors, a raise_exception)
+        raise TemplateRefused(f"the chat template of {label} does not render the prompt ({type(error).__name__}: "
+                              f"{one_line(error, 160)})") from None  # fmt: skip
     finally:
         if timed:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -898,9 +894,9 @@ def lora_rank_problem(weights: Path, rank: int) -> str | None:
 
 
 def lora_width_problem(config: dict, base: str) -> str | None:
-    """Why an adapter's rank is wider than its base model (None: it is not, or the base's config.json is not here to
-    tell): PEFT puts a LoRA of the configured rank on every layer target_modules names, saved tensors or not, and no
-    layer of the model is wider than its widest hidden or intermediate size."""
+    """Why an adapter's rank, or its scale alpha / r, is wider than its base model (None: neither is, or the base's
+    config.json is not here to tell): PEFT puts a LoRA of the configured rank on every layer target_modules names,
+    saved tensors or not, and no layer of the model is wider than its widest hidden or intermediate size."""
     import user_files
 
     folder, _ = checkpoint_files(base)
@@ -911,6 +907,10 @@ def lora_width_problem(config: dict, base: str) -> str | None:
     most = widest(model) if isinstance(model, dict) else None
     if most is not None and config["r"] > most:
         return f"its adapter_config.json gives rank r = {config['r']}, wider than any layer of {base} (at most {most})"
+    if most is not None and abs(config["lora_alpha"]) > most * config["r"]:  # a scale alpha / r above any width
+        return (f"its adapter_config.json gives lora_alpha = {config['lora_alpha']:g}, a scale of "
+                f"{abs(config['lora_alpha']) / config['r']:g} on each LoRA, above the widest layer of {base} ({most}): "
+                "no training writes that")  # fmt: skip
     return None
 
 

@@ -194,7 +194,12 @@ def name_problem(path: str | os.PathLike, room: int = 64) -> str | None:
     deep in a library."""
     path = Path(os.path.abspath(Path(path).expanduser()))
     existing = path
-    while not existing.exists() and existing != existing.parent:
+    while existing != existing.parent:
+        try:
+            if existing.exists():
+                break
+        except OSError:  # ENAMETOOLONG: the name said below
+            pass
         existing = existing.parent
 
     def limit(name: str, default: int) -> int:

@@ -149,33 +149,27 @@ def template_in_tokenizer_config(folder: Path, template: str) -> None:
 
 
 @pytest.mark.slow
-def test_an_adapters_chat_template_that_is_not_its_bases_is_refused(demo_run, tmp_path, capsys):
-    """Nested range(100000) loops in an adapter's tokenizer_config.json: a template runs at every prompt and this one
-    never ends. It is not the base's, so evaluate_2048 and merge_2048 refuse it in one line, at once."""
-    import time
-
-    run = copy_run(demo_run, tmp_path / "run")
-    template_in_tokenizer_config(run / "final", LOOPS)
-    started = time.monotonic()
-    refused(capsys, evaluate_2048, ["--adapter", run / "final", *QUICK, "--output_dir", tmp_path / "ev"],
-            f"the chat template saved in {run / 'final'} is not its base model's")
-    refused(capsys, merge_2048, ["--adapter", run / "final", "--output_dir", tmp_path / "merged"],
-            "is not its base model's")
-    assert time.monotonic() - started < 120 and not (tmp_path / "merged").exists() and leftovers(tmp_path) == []
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize(("template", "said"), [(LOOPS, "renders the prompt for more than 1 s"),
                                                 (FLOOD, "renders the prompt as 100,0")])  # fmt: skip
-def test_a_models_own_chat_template_is_rendered_with_a_bound_on_time_and_length(demo_run, tmp_path, capsys,
-                                                                                 monkeypatch, template, said):  # fmt: skip
-    """A model folder the user hands (--model) whose own template never ends, or writes 100 MB: rendered once before
-    sampling, stopped at models.TEMPLATE_SECONDS (1 s here) or refused for its length: one line, exit 2."""
+def test_a_chat_template_from_a_users_folder_is_rendered_with_a_bound_on_time_and_length(demo_run, tmp_path, capsys,
+                                                                                        monkeypatch, template, said):  # fmt: skip
+    """Nested range(100000) loops in an adapter's tokenizer_config.json (a template runs at every prompt: this one never
+    ends), or one that writes 100 MB: evaluate_2048 and merge_2048 render it once before any sampling, stopped at
+    models.TEMPLATE_SECONDS (1 s here) or refused for its length, in one line; so is a model folder's own (--model)."""
+    import time
+
     monkeypatch.setattr(models, "TEMPLATE_SECONDS", 1)
-    model = tmp_path / "model"
-    shutil.copytree(demo_run / "tiny-model", model)
-    template_in_tokenizer_config(model, template)
-    refused(capsys, evaluate_2048, ["--model", model, *QUICK, "--output_dir", tmp_path / "ev"], f"the chat template of {model} {said}")
+    run = copy_run(demo_run, tmp_path / "run")
+    template_in_tokenizer_config(run / "final", template)
+    started = time.monotonic()
+    refused(capsys, evaluate_2048, ["--adapter", run / "final", *QUICK, "--output_dir", tmp_path / "ev"],
+            f"the chat template of {run / 'final'} {said}")
+    refused(capsys, merge_2048, ["--adapter", run / "final", "--output_dir", tmp_path / "merged"],
+            f"the chat template of {run / 'final'} {said}")
+    template_in_tokenizer_config(run / "tiny-model", template)
+    refused(capsys, evaluate_2048, ["--model", run / "tiny-model", *QUICK, "--output_dir", tmp_path / "ev2"],
+            f"the chat template of {run / 'tiny-model'} {said}")
+    assert time.monotonic() - started < 300 and not (tmp_path / "merged").exists() and leftovers(tmp_path) == []
 
 
 # --- item 5: a checkpoint's pickles and trainer_state.json, judged before --resume loads them ---------------------------
@@ -206,7 +200,7 @@ def pickles() -> dict:
     return {
         "empty dicts, 9 MB": ("optimizer.pt", [{} for _ in range(1_500_000)], "holds a pickle of 9 MB, above the 8 MB"),
         "empty dicts, 2 MB": ("optimizer.pt", [{} for _ in range(300_000)], "builds more than 200,000 objects"),
-        "a deep list": ("optimizer.pt", deep_list(500), "is not an optimizer's state (a list of 1"),
+        "a deep list": ("optimizer.pt", deep_list(3000), "is not an optimizer's state (a list of 1"),
         "rng of wrong types": ("rng_state.pth", {"python": "abc", "numpy": 1, "cpu": [1, 2]}, "holds a python state"),
         "another scheduler": ("scheduler.pt", step_lr.state_dict(), "holds another scheduler's state than"),
     }
@@ -223,7 +217,12 @@ def test_a_checkpoint_pickle_of_the_wrong_size_or_shape_is_one_line(demo_run, tm
 
     name, state, said = pickles()[case]
     run = copy_run(demo_run, tmp_path / "run")
-    torch.save(state, run / "checkpoint-2" / name)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # pickling a deep list recurses
+    try:
+        torch.save(state, run / "checkpoint-2" / name)
+    finally:
+        sys.setrecursionlimit(limit)
     before = sorted(p.name for p in run.iterdir())
     train_refused(capsys, resume(run), said)
     assert sorted(p.name for p in run.iterdir()) == before
@@ -256,7 +255,8 @@ def adapter_with(run: Path, **config) -> Path:
 @pytest.mark.slow
 def test_an_adapter_wider_than_its_model_or_of_another_kind_is_one_line(demo_run, tmp_path, capsys):
     """r = 2,000,000 (PEFT would build 2.6 GB of adapters before reading a tensor); a rank wider than any layer of the
-    base; a PREFIX_TUNING adapter with 3,000,000 virtual tokens: evaluate_2048 and merge_2048 say so in one line."""
+    base; an alpha whose scale is wider still; a PREFIX_TUNING adapter with 3,000,000 virtual tokens: evaluate_2048 and
+    merge_2048 say so in one line."""
     from safetensors.torch import load_file, save_file
 
     run = copy_run(demo_run, tmp_path / "run")
@@ -268,6 +268,9 @@ def test_an_adapter_wider_than_its_model_or_of_another_kind_is_one_line(demo_run
     adapter_with(run, r=300)  # no LoRA pair to measure it by: the base's widths (128, 256) bound it
     for command, extra in ((evaluate_2048, [*QUICK, "--output_dir", tmp_path / "ev"]), (merge_2048, [])):
         refused(capsys, command, ["--adapter", final, *extra], "gives rank r = 300, wider than any layer", "at most 256")
+    adapter_with(run, r=16, lora_alpha=1e9)  # a scale of 6e7 on every LoRA: weights far past any width
+    for command, extra in ((evaluate_2048, [*QUICK, "--output_dir", tmp_path / "ev"]), (merge_2048, [])):
+        refused(capsys, command, ["--adapter", final, *extra], "gives lora_alpha = 1e+09, a scale of 6.25e+07")
     adapter_with(run, peft_type="PREFIX_TUNING", num_virtual_tokens=3_000_000)
     for command, extra in ((evaluate_2048, [*QUICK, "--output_dir", tmp_path / "ev"]), (merge_2048, [])):
         refused(capsys, command, ["--adapter", final, *extra], 'holds a "PREFIX_TUNING" adapter', "LORA adapters only")
