@@ -789,7 +789,7 @@ def check_resume_base(checkpoint: Path, model_name: str, output_dir: Path) -> No
     base = str(output_dir / "tiny-model") if model_name == demo_data.TINY else model_name
     try:
         base = models.resolve_base(checkpoint, base, "--model_name_or_path")
-        other, _ = models.compare_base(checkpoint, models.checkpoint_files(base)[0], model_name)
+        other, _ = models.compare_base(checkpoint, models.checkpoint_files(base)[0], base)
     except ValueError as error:  # its train_2048_base.json is damaged or holds what no run writes
         raise OptionError(f"--resume: {error}") from None
     if other:  # (a base that cannot be compared, its files not here, is loaded as named: nothing to refuse)

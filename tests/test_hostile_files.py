@@ -110,6 +110,19 @@ def test_the_base_whose_fingerprint_agrees_is_taken_and_a_wrong_base_is_refused(
     assert not (tmp_path / "m").exists() and not (tmp_path / "ev").exists()
 
 
+@pytest.mark.slow
+def test_a_resume_onto_another_base_is_refused(demo_run, tmp_path, capsys):
+    """--resume puts the checkpoint's adapters on the model the options name (the demo's: <output_dir>/tiny-model),
+    found by the same rule: another model there (another seed's) is refused in one line by its fingerprint."""
+    import demo_data
+
+    run = copy_run(demo_run, tmp_path / "run")
+    shutil.rmtree(run / "tiny-model")
+    demo_data.build_tiny_model(run / "tiny-model", ["some other text to build a tokenizer"] * 4, seed=7)
+    train_refused(capsys, resume(run), f"--resume: {run / 'tiny-model'} is not the model {run / 'checkpoint-2'} was "
+                  "trained on", "--model_name_or_path names the model it was trained on")  # fmt: skip
+
+
 # --- item 5: train_2048_base.json, every field type-checked ----------------------------------------------------------
 RECORDS = {
     "fingerprint-a-list": ("fingerprint", [1, 2, 3], "its fingerprint is [1, 2, 3], not a mapping"),
