@@ -43,6 +43,7 @@ import options
 import rewards
 import sandbox
 import strategies
+import trained_base
 import user_files
 
 DEFAULT_PRESET = Path(__file__).resolve().parent / "configs" / "gpt-oss-20b.yaml"  # train_2048.py's default
@@ -203,15 +204,15 @@ def file_source(path: str, flag: str = "--strategy") -> evaluation.Source:
 
 def adapter_base(args: EvalArguments) -> str:
     """The model --adapter goes on, checked with nothing loaded or written (main): the adapter's files, then --model or the
-    base models.resolve_base finds (the recorded path, the same name in the run folder, the hub name), in transformers'
+    base trained_base.resolve_base finds (the recorded path, the same name in the run folder, the hub name), in transformers'
     layout, whose fingerprint must be the trained base's."""
     config, problem = models.adapter_config_problem(Path(args.adapter))
     problem = problem or models.adapter_weights_problem(Path(args.adapter))
     if problem:
         die(f"--adapter {args.adapter}: {problem}")
     try:
-        base = models.resolve_base(Path(args.adapter), args.model, "--model")
-    except models.BaseRefused as error:
+        base = trained_base.resolve_base(Path(args.adapter), args.model, "--model")
+    except trained_base.BaseRefused as error:
         die(f"--adapter {args.adapter}: {error}")
     problem = models.lora_width_problem(config, base)
     if problem:
@@ -261,7 +262,7 @@ def check_base(adapter: Path, base: str) -> None:
     a base that cannot be compared (an older adapter, no embedding in the files) is said in one line, and evaluated."""
     folder, _ = models.checkpoint_files(base)
     try:
-        other, note = models.compare_base(adapter, folder, base)
+        other, note = trained_base.compare_base(adapter, folder, base)
     except ValueError as error:  # its train_2048_base.json, damaged or holding what no run writes
         die(f"--adapter {adapter}: {error}")
     if other:

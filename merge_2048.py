@@ -35,6 +35,7 @@ from pathlib import Path
 import merging  # these: the standard library only at import; the heavy imports wait until the inputs are checked
 import models
 import saving
+import trained_base
 import user_files
 
 log = logging.getLogger("train_2048.merge")
@@ -111,9 +112,9 @@ def check_inputs(args: MergeArguments) -> tuple[Path, str, Path, str | None]:
     config, problem = models.adapter_config_problem(adapter)
     if problem:
         die(f"--adapter {args.adapter}: {problem}")
-    try:  # --base, else the recorded path, the same name in the run folder, the hub name (models.resolve_base)
-        trained_on = models.resolve_base(adapter, args.base, "--base")
-        quantized = models.trained_quantized(adapter, config.get("base_model_name_or_path"))  # its record, checked
+    try:  # --base, else the recorded path, the same name in the run folder, the hub name (trained_base.resolve_base)
+        trained_on = trained_base.resolve_base(adapter, args.base, "--base")
+        quantized = trained_base.trained_quantized(adapter, config.get("base_model_name_or_path"))  # its record, checked
     except ValueError as error:
         die(f"--adapter {args.adapter}: {error}")
     problem = models.lora_width_problem(config, trained_on)
@@ -210,7 +211,7 @@ def merge(args: MergeArguments) -> int:
     damage = models.weights_damage(base)
     if damage:
         die(f"the base {base_name}: {damage}")
-    other, note = models.compare_base(adapter, base, base_name)
+    other, note = trained_base.compare_base(adapter, base, base_name)
     if other:
         die(f"{other}; --base names the 16-bit checkpoint of the same weights")
     if note:

@@ -31,6 +31,7 @@ import models
 import rewards
 import run_folder
 import sandbox
+import trained_base
 import user_files
 
 HERE = Path(__file__).resolve().parent
@@ -695,7 +696,7 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
             f"--router_aux_loss_coef {training_args.router_aux_loss_coef:g}: Unsloth's GRPO does not compute the MoE "
             "router loss; set it to 0 (the GPT-OSS presets do)"
         )
-    if model_name != demo_data.TINY and models.looks_local(model_name) and not Path(model_name).expanduser().exists():
+    if model_name != demo_data.TINY and trained_base.looks_local(model_name) and not Path(model_name).expanduser().exists():
         raise OptionError(f"model path {model_name} does not exist")
     problem = models.not_a_model(model_name) if model_name != demo_data.TINY else None
     if problem:
@@ -783,13 +784,13 @@ def check_resume_scheduler(checkpoint: Path, training_args) -> None:
 
 
 def check_resume_base(checkpoint: Path, model_name: str, output_dir: Path) -> None:
-    """A resume puts the checkpoint's adapters on the model the options name (models.resolve_base: the option wins;
+    """A resume puts the checkpoint's adapters on the model the options name (trained_base.resolve_base: the option wins;
     the CPU demo's is <output_dir>/tiny-model): when its files are here to compare, a model whose fingerprint is not the
     checkpoint's base is refused now, in one line, not trained on."""
     base = str(output_dir / "tiny-model") if model_name == demo_data.TINY else model_name
     try:
-        base = models.resolve_base(checkpoint, base, "--model_name_or_path")
-        other, _ = models.compare_base(checkpoint, models.checkpoint_files(base)[0], base)
+        base = trained_base.resolve_base(checkpoint, base, "--model_name_or_path")
+        other, _ = trained_base.compare_base(checkpoint, models.checkpoint_files(base)[0], base)
     except ValueError as error:  # its train_2048_base.json is damaged or holds what no run writes
         raise OptionError(f"--resume: {error}") from None
     if other:  # (a base that cannot be compared, its files not here, is loaded as named: nothing to refuse)

@@ -36,6 +36,7 @@ import rewards
 import run_folder
 import sandbox
 import saving
+import trained_base
 import user_files
 
 HELD: list[int] = []  # the output folder's lock, held while the run lives (run_folder.take)
@@ -135,7 +136,7 @@ def load_policy(script_args, training_args, model_args, backend: str, prompt: st
         gradient_checkpointing=training_args.gradient_checkpointing,
         trust_remote_code=training_args.trust_remote_code,
     )
-    model.train_2048_base = models.base_identity(model_name, model_args.model_revision, model)  # for each save
+    model.train_2048_base = trained_base.base_identity(model_name, model_args.model_revision, model)  # for each save
     if models.experts_layout(model) is not None:
         log.info(f"model: {models.describe_experts(model)}")
     if backend == "unsloth":

@@ -1,6 +1,6 @@
 """Files judged for what they hold, and the one resolver of the base (issue 53, items 4 and 5).
 
-A run folder moved or renamed still evaluates and merges, its base found by models.resolve_base (the option, the
+A run folder moved or renamed still evaluates and merges, its base found by trained_base.resolve_base (the option, the
 recorded path, the same name in the run folder, the hub name), and a wrong base is still refused by its fingerprint.
 Every file a user hands is read as hostile: a chat template that never ends, pickles that flood memory or hold what no
 run writes, adapters far wider than their model, a base record of the wrong types, a preset's YAML integers of 100,000
@@ -20,6 +20,7 @@ import evaluate_2048
 import merge_2048
 import models
 import sandbox
+import trained_base
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = str(REPO / "configs" / "cpu-demo.yaml")
@@ -42,6 +43,18 @@ def demo_run(tmp_path_factory) -> Path:
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return out
+
+
+def reseeded(model: Path, to: Path, seed: int = 7) -> Path:
+    """The same model (its config, its tokenizer) with weights drawn from another seed: every shape the same, so only
+    the fingerprint tells them apart."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shutil.copytree(model, to, dirs_exist_ok=True)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).save_pretrained(to)
+    return to
 
 
 def copy_run(demo_run: Path, to: Path) -> Path:
@@ -75,8 +88,6 @@ def leftovers(folder: Path) -> list[str]:
 def test_a_moved_run_folder_evaluates_and_merges(demo_run, tmp_path, capsys):
     """The run folder renamed and moved, its tiny-model/ with it: the recorded absolute path is gone, and the same name
     in the run folder (train_2048_base.json's in_run) is found, for evaluate_2048 and merge_2048 alike."""
-    record = json.loads((demo_run / "final" / models.BASE_FILE).read_text())
-    assert record["in_run"] == "tiny-model" and record["path"] == str(demo_run / "tiny-model")
     moved = copy_run(demo_run, tmp_path / "elsewhere" / "renamed")
     shutil.move(demo_run, tmp_path / "gone")  # the recorded path no longer holds it
     try:
@@ -85,23 +96,23 @@ def test_a_moved_run_folder_evaluates_and_merges(demo_run, tmp_path, capsys):
         assert f"into {moved / 'tiny-model'}" in capsys.readouterr().out
     finally:
         shutil.move(tmp_path / "gone", demo_run)
+    record = json.loads((demo_run / "final" / trained_base.BASE_FILE).read_text())
+    assert record["in_run"] == "tiny-model" and record["path"] == str(demo_run / "tiny-model")
 
 
 @pytest.mark.slow
 def test_the_base_whose_fingerprint_agrees_is_taken_and_a_wrong_base_is_refused(demo_run, tmp_path, capsys):
     """The recorded path now holds another model (a new demo run, another seed) and the moved run holds its own: the
-    one whose fingerprint agrees is taken. A wrong base named with --base, or no right one anywhere: one line."""
-    import demo_data
-
+    merge takes the one whose fingerprint agrees. A wrong base named with --base, or no right one anywhere: one line."""
     moved = copy_run(demo_run, tmp_path / "moved")
-    other = tmp_path / "other-model"
-    demo_data.build_tiny_model(other, ["some other text to build a tokenizer"] * 4, seed=7)
-    record = json.loads((moved / "final" / models.BASE_FILE).read_text())
+    other = reseeded(demo_run / "tiny-model", tmp_path / "other-model")
+    record = json.loads((moved / "final" / trained_base.BASE_FILE).read_text())
     config = json.loads((moved / "final" / "adapter_config.json").read_text())
     record["path"] = record["name"] = config["base_model_name_or_path"] = str(other)  # the original run started over
-    (moved / "final" / models.BASE_FILE).write_text(json.dumps(record))
+    (moved / "final" / trained_base.BASE_FILE).write_text(json.dumps(record))
     (moved / "final" / "adapter_config.json").write_text(json.dumps(config))
-    assert models.resolve_base(moved / "final", None, "--base") == str(moved / "tiny-model")
+    assert merge_2048.main(["--adapter", str(moved / "final"), "--output_dir", str(tmp_path / "merged")]) == 0
+    assert f"into {moved / 'tiny-model'}" in capsys.readouterr().out
     refused(capsys, merge_2048, ["--adapter", moved / "final", "--base", other, "--output_dir", tmp_path / "m"],
             f"{other} is not the model {moved / 'final'} was trained on", "--base")
     shutil.rmtree(moved / "tiny-model")
@@ -113,12 +124,10 @@ def test_the_base_whose_fingerprint_agrees_is_taken_and_a_wrong_base_is_refused(
 @pytest.mark.slow
 def test_a_resume_onto_another_base_is_refused(demo_run, tmp_path, capsys):
     """--resume puts the checkpoint's adapters on the model the options name (the demo's: <output_dir>/tiny-model),
-    found by the same rule: another model there (another seed's) is refused in one line by its fingerprint."""
-    import demo_data
-
+    found by the same rule: another model there (the same shapes, another seed's weights) is refused in one line by
+    its fingerprint, not trained on."""
     run = copy_run(demo_run, tmp_path / "run")
-    shutil.rmtree(run / "tiny-model")
-    demo_data.build_tiny_model(run / "tiny-model", ["some other text to build a tokenizer"] * 4, seed=7)
+    reseeded(demo_run / "tiny-model", run / "tiny-model")
     train_refused(capsys, resume(run), f"--resume: {run / 'tiny-model'} is not the model {run / 'checkpoint-2'} was "
                   "trained on", "--model_name_or_path names the model it was trained on")  # fmt: skip
 
@@ -141,8 +150,8 @@ def test_a_base_record_of_the_wrong_types_is_one_line(demo_run, tmp_path, capsys
     in one line, exit 2, before anything is loaded or written (no merged model left in a hidden .train_2048-XXXX/)."""
     key, value, said = RECORDS[case]
     run = copy_run(demo_run, tmp_path / "run")
-    record = json.loads((run / "final" / models.BASE_FILE).read_text())
-    (run / "final" / models.BASE_FILE).write_text(json.dumps({**record, key: value}))
+    record = json.loads((run / "final" / trained_base.BASE_FILE).read_text())
+    (run / "final" / trained_base.BASE_FILE).write_text(json.dumps({**record, key: value}))
     refused(capsys, merge_2048, ["--adapter", run / "final"], said, str(run / "final"))
     refused(capsys, merge_2048, ["--adapter", run / "final", "--base", run / "tiny-model"], said)
     refused(capsys, evaluate_2048, ["--adapter", run / "final", *QUICK, "--output_dir", tmp_path / "ev"], said)

@@ -20,6 +20,7 @@ import options
 import rewards
 import run_folder
 import saving
+import trained_base
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
@@ -62,7 +63,7 @@ def tiny(tmp_path_factory) -> Path:
     gpu_check.move_adapters(model, share=0.002)
     model.save_pretrained(root / "final")
     tokenizer.save_pretrained(root / "final")
-    models.write_base_identity(root / "final", models.base_identity(str(root / "base")))  # as a run's save writes it
+    trained_base.write_base_identity(root / "final", trained_base.base_identity(str(root / "base")))  # as a run's save writes it
     return root
 
 
@@ -152,8 +153,8 @@ def bad_inputs(tiny: Path, tmp: Path) -> dict:
     moved = tmp / "moved-base"
     shutil.copytree(tiny / "final", moved)
     (moved / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(tmp / "gone")}))
-    record = json.loads((moved / models.BASE_FILE).read_text())
-    (moved / models.BASE_FILE).write_text(json.dumps({**record, "name": str(tmp / "gone"), "path": str(tmp / "gone")}))
+    record = json.loads((moved / trained_base.BASE_FILE).read_text())
+    (moved / trained_base.BASE_FILE).write_text(json.dumps({**record, "name": str(tmp / "gone"), "path": str(tmp / "gone")}))
     four_bit = tmp / "four-bit"
     shutil.copytree(tiny / "base", four_bit)
     base_config = json.loads((four_bit / "config.json").read_text())
@@ -299,7 +300,7 @@ def test_an_older_runs_relative_base_is_found_from_another_working_folder(tiny, 
     run = tmp_path / "project" / "outputs" / "demo"
     shutil.copytree(tiny / "base", run / "tiny-model")
     shutil.copytree(tiny / "final", run / "final")
-    (run / "final" / models.BASE_FILE).unlink()
+    (run / "final" / trained_base.BASE_FILE).unlink()
     config = json.loads((run / "final" / "adapter_config.json").read_text())
     config["base_model_name_or_path"] = "outputs/demo/tiny-model"
     (run / "final" / "adapter_config.json").write_text(json.dumps(config))
@@ -389,11 +390,11 @@ def test_a_relative_base_is_looked_for_beside_a_moved_run(tmp_path, monkeypatch)
 
     monkeypatch.chdir(tmp_path)
     for folder in (run / "final", run / "checkpoint-4"):
-        found = models.resolve_base(adapter(folder, "outputs/cpu-demo/tiny-model"), None, "--base")
+        found = trained_base.resolve_base(adapter(folder, "outputs/cpu-demo/tiny-model"), None, "--base")
         assert found == str(run / "tiny-model")
-    assert models.resolve_base(adapter(run / "final", "unsloth/gpt-oss-20b"), None, "--base") == "unsloth/gpt-oss-20b"
-    with pytest.raises(models.BaseRefused, match="elsewhere/gone/base, is not here .*--base names where it is now"):
-        models.resolve_base(adapter(run / "final", "elsewhere/gone/base"), None, "--base")
+    assert trained_base.resolve_base(adapter(run / "final", "unsloth/gpt-oss-20b"), None, "--base") == "unsloth/gpt-oss-20b"
+    with pytest.raises(trained_base.BaseRefused, match="elsewhere/gone/base, is not here .*--base names where it is now"):
+        trained_base.resolve_base(adapter(run / "final", "elsewhere/gone/base"), None, "--base")
 
 
 @pytest.mark.parametrize("hole", list(HOLES))
@@ -532,10 +533,10 @@ def test_a_merge_of_adapters_trained_on_nf4_never_says_the_merged_model_is_the_t
     recorded, older = tmp_path / "recorded", tmp_path / "older"
     recorded.mkdir()
     older.mkdir()
-    models.write_base_identity(recorded, {"name": "unsloth/gpt-oss-20b", "quantized": "nf4", "fingerprint": {}})
-    assert models.trained_quantized(recorded, "unsloth/gpt-oss-20b") == "nf4"
-    assert models.trained_quantized(older, "unsloth/gpt-oss-20b-unsloth-bnb-4bit") == "nf4"
-    assert models.trained_quantized(older, "unsloth/gpt-oss-20b-BF16") is None
+    trained_base.write_base_identity(recorded, {"name": "unsloth/gpt-oss-20b", "quantized": "nf4", "fingerprint": {}})
+    assert trained_base.trained_quantized(recorded, "unsloth/gpt-oss-20b") == "nf4"
+    assert trained_base.trained_quantized(older, "unsloth/gpt-oss-20b-unsloth-bnb-4bit") == "nf4"
+    assert trained_base.trained_quantized(older, "unsloth/gpt-oss-20b-BF16") is None
     for kept in (1.0, 0.5):
         said = merge_2048.advice({"kept": kept}, recorded, "nf4")
         assert "the trained one" not in said and "trained on NF4 weights and are merged into the 16-bit original" in said
