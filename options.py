@@ -340,8 +340,6 @@ def plan(argv: list[str], backend: str, description: str | None = None) -> Plan:
 
 def one_line(exc: BaseException | None, limit: int = 200) -> str:
     """An exception as one line: its type and message, cut at a word (user_files.shorten)."""
-    import user_files
-
     return user_files.shorten(f"{type(exc).__name__}: {exc}", limit)
 
 
@@ -629,11 +627,11 @@ def check_options(script_args, training_args, model_args, given: set[str]) -> No
         raise OptionError(f"--output_dir: {problem}")
     for key, value in (training_args.chat_template_kwargs or {}).items():
         if key == "reasoning_effort" and value not in REASONING_EFFORTS:
-            raise OptionError(f"--chat_template_kwargs: reasoning_effort {json.dumps(value)[:60]}: one of "
+            raise OptionError(f"--chat_template_kwargs: reasoning_effort {models.shown(value)}: one of "
                               f"{', '.join(REASONING_EFFORTS)} (GPT-OSS's)")  # fmt: skip
-        if not isinstance(value, str | int | float | bool) or value is None:
-            raise OptionError(f"--chat_template_kwargs: {key} {json.dumps(value)[:60]}: a chat template's argument is "
-                              "a plain value (text, a number, true or false)")  # fmt: skip
+        if not isinstance(value, str | int | float | bool):
+            raise OptionError(f"--chat_template_kwargs: {key} {models.shown(value)}: a chat template's argument is a "
+                              "plain value (text, a number, true or false)")  # fmt: skip
     if training_args.max_completion_length >= script_args.max_seq_length:
         raise OptionError(f"--max_completion_length {training_args.max_completion_length}: must be below "
                           f"--max_seq_length {script_args.max_seq_length} (the longest prompt and completion together)")
@@ -696,7 +694,8 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
             f"--router_aux_loss_coef {training_args.router_aux_loss_coef:g}: Unsloth's GRPO does not compute the MoE "
             "router loss; set it to 0 (the GPT-OSS presets do)"
         )
-    if model_name != demo_data.TINY and trained_base.looks_local(model_name) and not Path(model_name).expanduser().exists():
+    local = trained_base.looks_local(model_name)
+    if model_name != demo_data.TINY and local and not Path(model_name).expanduser().exists():
         raise OptionError(f"model path {model_name} does not exist")
     problem = models.not_a_model(model_name) if model_name != demo_data.TINY else None
     if problem:
@@ -771,16 +770,18 @@ def check_resume_scheduler(checkpoint: Path, training_args) -> None:
 
     try:
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-        expected = set(get_scheduler(training_args.lr_scheduler_type, optimizer, num_warmup_steps=1, num_training_steps=2,
-                                     scheduler_specific_kwargs=training_args.lr_scheduler_kwargs or {}).state_dict())
+        expected = set(get_scheduler(training_args.lr_scheduler_type, optimizer, num_warmup_steps=1,
+                                     num_training_steps=2, scheduler_specific_kwargs=training_args.lr_scheduler_kwargs
+                                     or {}).state_dict())  # fmt: skip
     except Exception:  # noqa: BLE001 - a scheduler that needs more to be built: its own load says what is wrong
         return
     saved = set(torch.load(file, map_location="cpu", weights_only=True, mmap=True))  # (checked: a mapping of names)
     if saved != expected:
         differ = sorted(saved ^ expected)
-        raise OptionError(f"--resume: {file} holds another scheduler's state than --lr_scheduler_type "
-                          f"{getattr(training_args.lr_scheduler_type, 'value', training_args.lr_scheduler_type)} keeps (it differs in {', '.join(differ[:4])}): resume "
-                          "with the run's own --lr_scheduler_type, or start a new run in another --output_dir")
+        kind = getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)
+        raise OptionError(f"--resume: {file} holds another scheduler's state than --lr_scheduler_type {kind} keeps (it "
+                          f"differs in {', '.join(differ[:4])}): resume with the run's own --lr_scheduler_type, or "
+                          "start a new run in another --output_dir")  # fmt: skip
 
 
 def check_resume_base(checkpoint: Path, model_name: str, output_dir: Path) -> None:
