@@ -15,33 +15,53 @@ import pickletools
 import zipfile
 from pathlib import Path
 
-PICKLE_BYTES = 8 << 20  # a torch file's pickle (data.pkl): a 20B run's optimizer state's is well under 1 MB
-PICKLE_OBJECTS = 200_000  # containers and values it may build: a 20B run's optimizer state has ~30,000
+# A torch file's pickle (data.pkl) holds the state of each trained tensor: AdamW's takes ~75 bytes and ~8 objects a
+# tensor (the CPU demo's: 6.7 kB, 759 objects for 90 tensors), an 8-bit AdamW's ~6 tensors of state per trained one.
+# Its bounds: these per tensor of the checkpoint's weights, on top of a floor for the RNG state and the scheduler.
+PICKLE_BYTES = (1 << 20, 2048)  # (floor, per trained tensor): a 20B default run's ~6,500 tensors: 14 MB (~1.5 MB used)
+PICKLE_OBJECTS = (20_000, 128)  # (floor, per trained tensor): 850,000 for it (~170,000 used)
 BUILDS = {"EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE", "EMPTY_SET", "DICT", "LIST", "TUPLE", "TUPLE1", "TUPLE2",
           "TUPLE3", "FROZENSET", "BINPERSID", "PERSID", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"}  # fmt: skip
 NUMBER = (int, float)
 
 
-def problem(file: Path) -> str | None:
+def problem(file: Path, tensors: int = 0) -> str | None:
     """Why the checkpoint's file must not be handed to transformers (None: it may): trainer_state.json's record, or a
-    torch file's pickle (bounded, then its objects checked by the file's name: optimizer.pt, scheduler.pt,
-    rng_state*.pth). One short phrase, for run_folder's line."""
+    torch file's pickle (bounded for a checkpoint of `tensors` trained tensors, then its objects checked by the file's
+    name: optimizer.pt, scheduler.pt, rng_state*.pth). One short phrase, for run_folder's line."""
     if file.name == "trainer_state.json":
         return trainer_state_problem(file)
-    return pickle_problem(file) or objects_problem(file)
+    return pickle_problem(file, tensors) or objects_problem(file)
 
 
-def pickle_problem(file: Path) -> str | None:
-    """A torch file's pickle too large, or building too many objects, counted from its opcodes with nothing built."""
+def tensor_count(checkpoint: Path) -> int:
+    """How many tensors the checkpoint's safetensors files hold (their headers, which run_folder has checked)."""
+    from safetensors import safe_open
+
+    count = 0
+    for file in checkpoint.glob("*.safetensors"):
+        try:
+            with safe_open(str(file), framework="np") as f:
+                count += len(list(f.keys()))  # noqa: SIM118 (safe_open has keys(), no iteration)
+        except Exception:  # noqa: BLE001 - a damaged header is run_folder's to name
+            continue
+    return count
+
+
+def pickle_problem(file: Path, tensors: int = 0) -> str | None:
+    """A torch file's pickle too large, or building too many objects, for a checkpoint of `tensors` trained tensors:
+    counted from its opcodes with nothing built."""
+    most_bytes = PICKLE_BYTES[0] + PICKLE_BYTES[1] * tensors
+    most_objects = PICKLE_OBJECTS[0] + PICKLE_OBJECTS[1] * tensors
     try:
         with zipfile.ZipFile(file) as saved:
             (name,) = [n for n in saved.namelist() if n.endswith("/data.pkl") or n == "data.pkl"] or [None]
             if name is None:
                 return "holds no pickle (not a torch file)"
             size = saved.getinfo(name).file_size
-            if size > PICKLE_BYTES:
-                return (f"holds a pickle of {size / (1 << 20):.0f} MB, above the {PICKLE_BYTES >> 20} MB a checkpoint's "
-                        "state takes")  # fmt: skip
+            if size > most_bytes:
+                return (f"holds a pickle of {size / (1 << 20):.1f} MB, above the {most_bytes / (1 << 20):.1f} MB the "
+                        f"state of {tensors} trained tensors takes")  # fmt: skip
             data = saved.read(name)
     except (OSError, zipfile.BadZipFile, ValueError) as error:
         return f"is not a torch file ({type(error).__name__})"
@@ -49,8 +69,9 @@ def pickle_problem(file: Path) -> str | None:
     try:
         for opcode, _, _ in pickletools.genops(data):
             built += opcode.name in BUILDS
-            if built > PICKLE_OBJECTS:
-                return f"holds a pickle that builds more than {PICKLE_OBJECTS:,} objects, more than a checkpoint's state"
+            if built > most_objects:
+                return (f"holds a pickle that builds more than {most_objects:,} objects, more than the state of "
+                        f"{tensors} trained tensors")  # fmt: skip
     except (ValueError, EOFError) as error:
         return f"holds a pickle that does not parse ({error})"
     return None

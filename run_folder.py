@@ -326,6 +326,7 @@ def checkpoint_damage(path: Path) -> str | None:
         problem = safetensors_damage(file)
         if problem:
             return f"{file.name} is damaged ({problem})"
+    tensors = checkpoint_state.tensor_count(path)  # the state's bounds grow with the trained tensors
     for file in sorted([*path.glob("*.pt"), *path.glob("*.pth"), *path.glob("*.bin")]):
         try:
             with zipfile.ZipFile(file) as saved:
@@ -334,7 +335,7 @@ def checkpoint_damage(path: Path) -> str | None:
             return f"{file.name} is damaged (not a whole torch file: cut short, or overwritten)"
         if bad is not None:
             return f"{file.name} is damaged (its part {bad} fails its checksum)"
-        problem = checkpoint_state.problem(file) if file.name != "training_args.bin" else None  # never loaded
+        problem = checkpoint_state.problem(file, tensors) if file.name != "training_args.bin" else None  # never loaded
         if problem:
             return f"{file.name} {problem}"
     return None
