@@ -187,39 +187,59 @@ def load_tokenizer(base: str, adapter: str | None = None, **kwargs):
 
 TEMPLATE_SECONDS = 10  # a chat template renders the prompt in milliseconds; a hostile one may never end
 TEMPLATE_CHARACTERS = 1 << 20  # the rendered prompt: a few thousand characters
+TEMPLATE_MEMORY = 1 << 30  # bytes the trial render may take: nested loops grew a process to 22 GB in minutes
 
 
 def check_template(tokenizer, messages: list[dict], label: str, **kwargs) -> None:
-    """Render the chat template of `tokenizer` once, as the prompt will be rendered, with a bound on time
-    (TEMPLATE_SECONDS, from the main thread) and on what it writes (TEMPLATE_CHARACTERS): TemplateRefused otherwise,
-    naming `label`. Called before a model is sampled, so a template that never ends is one line, not a hang."""
+    """Render the chat template of `tokenizer` once, as the prompt will be rendered, in a forked child held to
+    TEMPLATE_SECONDS, TEMPLATE_MEMORY more memory than this process has, and TEMPLATE_CHARACTERS of text:
+    TemplateRefused, naming `label`, for a template that does not end, floods memory or writes too much (or fails).
+    Called before a model is sampled or merged: the real render, the same template on the same prompt, then ends as
+    the trial did. The child renders text only (jinja, no torch), and writes a word back."""
+    import contextlib
+    import resource
+    import select
     import signal
-    import threading
 
-    def stop(signum, frame):
-        raise TimeoutError
-
-    timed = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGALRM, stop) if timed else None
-    if timed:
-        signal.setitimer(signal.ITIMER_REAL, TEMPLATE_SECONDS)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: render, say how it went, and leave without running anything of the parent's
+        said = b"error"
+        try:
+            os.close(read_end)
+            with contextlib.suppress(OSError, ValueError):  # (no /proc: time and length still bound it)
+                with open("/proc/self/statm") as statm:
+                    used = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+                resource.setrlimit(resource.RLIMIT_AS, (used + TEMPLATE_MEMORY, resource.RLIM_INFINITY))
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+            said = f"ok {len(text)}".encode()
+        except MemoryError:
+            said = b"memory"
+        except BaseException as error:  # noqa: BLE001 - told to the parent in a line
+            said = f"error {type(error).__name__}: {one_line(error, 160)}".encode(errors="replace")
+        finally:
+            os.write(write_end, said[:1024])
+            os._exit(0)
+    os.close(write_end)
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
-    except TimeoutError:
-        raise TemplateRefused(f"the chat template of {label} renders the prompt for more than {TEMPLATE_SECONDS} s "
-                              "(a prompt takes milliseconds): it is not used") from None  # fmt: skip
-    except MemoryError:
-        raise TemplateRefused(f"the chat template of {label} renders more than memory holds: it is not used") from None
-    except Exception as error:  # noqa: BLE001 - no template, or one that fails (jinja's errors, a raise_exception)
-        raise TemplateRefused(f"the chat template of {label} does not render the prompt ({type(error).__name__}: "
-                              f"{one_line(error, 160)})") from None  # fmt: skip
+        ready, _, _ = select.select([read_end], [], [], TEMPLATE_SECONDS)
+        said = os.read(read_end, 1024).decode(errors="replace") if ready else "time"
     finally:
-        if timed:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-    if len(text) > TEMPLATE_CHARACTERS:
-        raise TemplateRefused(f"the chat template of {label} renders the prompt as {len(text):,} characters (above "
-                              f"{TEMPLATE_CHARACTERS:,}): it is not used")  # fmt: skip
+        os.close(read_end)
+        if not said.startswith(("ok", "error", "memory")):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    if said == "time":
+        raise TemplateRefused(f"the chat template of {label} renders the prompt for more than {TEMPLATE_SECONDS} s "
+                              "(a prompt takes milliseconds): it is not used")  # fmt: skip
+    if said in ("memory", ""):
+        raise TemplateRefused(f"the chat template of {label} renders the prompt into more than {TEMPLATE_MEMORY >> 20} "
+                              "MB of memory: it is not used")  # fmt: skip
+    if said.startswith("error"):
+        raise TemplateRefused(f"the chat template of {label} does not render the prompt ({said[6:]})")
+    if int(said.split()[1]) > TEMPLATE_CHARACTERS:
+        raise TemplateRefused(f"the chat template of {label} renders the prompt as {int(said.split()[1]):,} characters "
+                              f"(above {TEMPLATE_CHARACTERS:,}): it is not used")  # fmt: skip
 
 
 class LoraRefused(ValueError):
