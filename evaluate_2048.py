@@ -44,6 +44,7 @@ import rewards
 import run_folder
 import sandbox
 import strategies
+import trained_base
 import user_files
 
 DEFAULT_PRESET = Path(__file__).resolve().parent / "configs" / "gpt-oss-20b.yaml"  # train_2048.py's default
@@ -56,7 +57,7 @@ def die(message: str) -> None:
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
+    return options.one_line(exc, limit)
 
 
 # --- configuration ------------------------------------------------------------------------------------------
@@ -202,9 +203,13 @@ def parse_args(argv: list[str] | None) -> tuple[EvalArguments, rewards.RewardSet
             die(f"--model {args.model}: no such directory (local paths only)")
         if models.not_a_model(args.model):
             die(f"--model {args.model}: {models.not_a_model(args.model)}")
+        if models.weights_damage(Path(args.model)):
+            die(f"--model {args.model}: {models.weights_damage(Path(args.model))}")
         args.model = str(Path(args.model).expanduser())
     if args.base and args.adapter is None:
         die("--base needs --adapter (it is the model the adapter was trained on)")
+    if args.output_dir is not None and user_files.name_problem(args.output_dir):
+        die(f"--output_dir: {user_files.name_problem(args.output_dir)}")
     if args.watch is not None:
         if args.watch == "model" and args.adapter is None and args.model is None:
             die("--watch model needs --adapter or --model")
@@ -322,29 +327,38 @@ def file_source(path: str, flag: str = "--strategy") -> evaluation.Source:
         die(f"{flag} {path}: {exc}")
 
 
-def load_model(args: EvalArguments):
-    """(model, tokenizer) from local files: a full model, or a base model with the LoRA adapter on top."""
+def adapter_base(args: EvalArguments) -> str:
+    """The model --adapter goes on, checked with nothing loaded or written (main): the adapter's files, then --model or the
+    base trained_base.resolve_base finds (the recorded path, the same name in the run folder, the hub name), in transformers'
+    layout, whose fingerprint must be the trained base's."""
+    config, problem = models.adapter_config_problem(Path(args.adapter))
+    problem = problem or models.adapter_weights_problem(Path(args.adapter))
+    if problem:
+        die(f"--adapter {args.adapter}: {problem}")
+    try:
+        base = trained_base.resolve_base(Path(args.adapter), args.model, "--model")
+    except trained_base.BaseRefused as error:
+        die(f"--adapter {args.adapter}: {error}")
+    problem = models.lora_width_problem(config, base)
+    if problem:
+        die(f"--adapter {args.adapter}: {problem}")
+    problem = models.weights_damage(Path(base)) if args.model is None else None  # --model: checked with the options
+    if problem:
+        die(f"--adapter {args.adapter}: its base {base}: {problem}")
+    if args.model is None and base in models.FUSED_CHECKPOINT:  # a default run's: Unsloth's split 4-bit checkpoint
+        print(f"evaluate_2048: {base} stores GPT-OSS's experts split for Unsloth's 4-bit classes; evaluating on "
+              f"the same model in transformers' layout, {models.FUSED_CHECKPOINT[base]} (--model picks another)")  # fmt: skip
+        base = models.FUSED_CHECKPOINT[base]
+    elif args.model is None and split_checkpoint(base):
+        die(f"--adapter {args.adapter}: its base {base} stores GPT-OSS's experts split (Unsloth's 4-bit layout), "
+            "which transformers cannot load; pass --model with the same weights in transformers' layout")
+    check_base(Path(args.adapter), base)
+    return base
 
+
+def load_model(args: EvalArguments):
+    """(model, tokenizer) from local files: a full model, or a base model (adapter_base) with the LoRA adapter on top."""
     base = args.model
-    if args.adapter is not None:
-        config, problem = models.adapter_config_problem(Path(args.adapter))
-        problem = problem or models.adapter_weights_problem(Path(args.adapter))
-        if problem:
-            die(f"--adapter {args.adapter}: {problem}")
-    if args.adapter is not None and base is None:
-        base = config.get("base_model_name_or_path")
-        if not base or not isinstance(base, str):
-            die(f"--adapter {args.adapter}: adapter_config.json names no base model; pass --model")
-        base = models.trained_base(Path(args.adapter), base)  # an older run's relative path, from any folder
-        if base in models.FUSED_CHECKPOINT:  # a default run's: Unsloth's split 4-bit checkpoint
-            print(f"evaluate_2048: {base} stores GPT-OSS's experts split for Unsloth's 4-bit classes; evaluating on "
-                  f"the same model in transformers' layout, {models.FUSED_CHECKPOINT[base]} (--model picks another)")  # fmt: skip
-            base = models.FUSED_CHECKPOINT[base]
-        elif args.adapter is not None and split_checkpoint(base):
-            die(f"--adapter {args.adapter}: its base {base} stores GPT-OSS's experts split (Unsloth's 4-bit layout), "
-                "which transformers cannot load; pass --model with the same weights in transformers' layout")
-    if args.adapter is not None:
-        check_base(Path(args.adapter), base)
     import torch
     import transformers
     from trl import ModelConfig
@@ -372,7 +386,10 @@ def check_base(adapter: Path, base: str) -> None:
     """The adapter goes on the base it was trained on (its train_2048_base.json): another base is one line, exit 2;
     a base that cannot be compared (an older adapter, no embedding in the files) is said in one line, and evaluated."""
     folder, _ = models.checkpoint_files(base)
-    other, note = models.compare_base(adapter, folder, base)
+    try:
+        other, note = trained_base.compare_base(adapter, folder, base)
+    except ValueError as error:  # its train_2048_base.json, damaged or holding what no run writes
+        die(f"--adapter {adapter}: {error}")
     if other:
         die(f"--adapter {adapter}: {other}; --model names the model it was trained on")
     if note:
@@ -400,6 +417,11 @@ def split_checkpoint(folder: str) -> bool:
 def model_sources(args, settings, progress, only_adapter: bool = False) -> list[evaluation.Source]:
     """The model's row, or with --base the base model's and the adapter's, sampled with the same seed."""
     model, tokenizer = load_model(args)
+    try:  # the template renders the prompt as the sampling will: bounded in time and length (a user's folder)
+        models.check_template(tokenizer, [{"role": "user", "content": rewards.build_prompt(settings)}],
+                              args.adapter or args.model, reasoning_effort=args.reasoning_effort)  # fmt: skip
+    except models.TemplateRefused as exc:  # none, one that fails, never ends or floods
+        die(str(exc))
 
     def sample(label: str) -> evaluation.Source:
         task = progress.add_task(f"sampling {label}", total=args.samples)
@@ -759,6 +781,8 @@ def main(argv: list[str] | None = None) -> int:
         die(f"the sandbox has no seccomp wall here ({walls['reason']}); install libseccomp, or pass "
             "--require_seccomp false to play with the other walls only")  # fmt: skip
     try:
+        if args.adapter is not None:  # (torch is imported here, after the sandbox's server has started)
+            args.model = adapter_base(args)  # checked before anything is written
         if args.watch is not None:
             return watch(args, settings, console, progress)
         files = [file_source(path) for path in args.strategy]  # checked before a model takes minutes to load

@@ -32,10 +32,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import merging  # these four: the standard library only at import; the heavy imports wait until the inputs are checked
+import merging  # these: the standard library only at import; the heavy imports wait until the inputs are checked
 import models
 import run_folder
 import saving
+import trained_base
+import user_files
 
 log = logging.getLogger("train_2048.merge")
 
@@ -100,8 +102,9 @@ def parse_args(argv: list[str] | None) -> MergeArguments:
     return MergeArguments(**vars(namespace))
 
 
-def check_inputs(args: MergeArguments) -> tuple[Path, str, Path]:
-    """(adapter folder, base checkpoint, output folder), checked with nothing loaded: one line and exit 2 otherwise.
+def check_inputs(args: MergeArguments) -> tuple[Path, str, Path, str | None]:
+    """(adapter folder, base checkpoint, output folder, how the weights it was trained on were quantized), checked
+    with nothing loaded: one line and exit 2 otherwise.
     An existing output folder is replaced only with --overwrite_output_dir, and only when a merge wrote it."""
     adapter = Path(args.adapter).expanduser()
     for name in ("adapter_config.json", "adapter_model.safetensors"):
@@ -110,17 +113,25 @@ def check_inputs(args: MergeArguments) -> tuple[Path, str, Path]:
     config, problem = models.adapter_config_problem(adapter)
     if problem:
         die(f"--adapter {args.adapter}: {problem}")
-    trained_on = config.get("base_model_name_or_path")
-    if not (args.base or (isinstance(trained_on, str) and trained_on)):
-        die(f"--adapter {args.adapter}: adapter_config.json names no base model; pass --base")
-    trained_on = models.trained_base(adapter, trained_on) if not args.base else trained_on
+    try:  # --base, else the recorded path, the same name in the run folder, the hub name (trained_base.resolve_base)
+        trained_on = trained_base.resolve_base(adapter, args.base, "--base")
+        quantized = trained_base.trained_quantized(adapter, config.get("base_model_name_or_path"))  # its record, checked
+    except ValueError as error:
+        die(f"--adapter {args.adapter}: {error}")
+    problem = models.lora_width_problem(config, trained_on)
+    if problem:
+        die(f"--adapter {args.adapter}: {problem}")
     try:
-        base = merging.merge_base(args.base or trained_on)
+        base = merging.merge_base(trained_on)
     except ValueError as error:
         source = "--base" if args.base else f"the model {adapter} was trained on"
         die(f"{source}: {error}; --base names the 16-bit checkpoint of the same weights")
     output = Path(args.output_dir).expanduser() if args.output_dir else adapter.resolve().with_name(
         adapter.resolve().name + "-merged_16bit")  # fmt: skip
+    problem = user_files.name_problem(output)
+    if problem:
+        die(f"--output_dir: {problem}" + ("" if args.output_dir else " (the default, <adapter>-merged_16bit: name "
+                                          "another --output_dir)"))  # fmt: skip
     for kept, what in ((adapter, "the adapter"), (Path(base).expanduser(), "the base")):
         if kept.exists() and (output.resolve() == kept.resolve() or output.resolve() in kept.resolve().parents):
             die(f"--output_dir {output} holds {what} ({kept}): the merge goes elsewhere")
@@ -130,7 +141,7 @@ def check_inputs(args: MergeArguments) -> tuple[Path, str, Path]:
             Path(args.log_file).open("a").close()
         except OSError as error:
             die(f"--log_file {args.log_file}: cannot write to it ({error.strerror or error})")
-    return adapter, base, output
+    return adapter, base, output, quantized
 
 
 def check_output(output: Path, overwrite: bool) -> None:
@@ -201,8 +212,7 @@ def summary(report: dict, output: Path) -> str:
 
 
 def merge(args: MergeArguments) -> int:
-    adapter, base_name, output = check_inputs(args)
-    trained_on = models.adapter_config_problem(adapter)[0].get("base_model_name_or_path")
+    adapter, base_name, output, quantized = check_inputs(args)
     start_logging(args.log_file)
     import transformers
 
@@ -215,7 +225,10 @@ def merge(args: MergeArguments) -> int:
     missing = merging.missing_weights(base, base_name)
     if missing:
         die(missing)
-    other, note = models.compare_base(adapter, base, base_name)
+    damage = models.weights_damage(base)
+    if damage:
+        die(f"the base {base_name}: {damage}")
+    other, note = trained_base.compare_base(adapter, base, base_name)
     if other:
         die(f"{other}; --base names the 16-bit checkpoint of the same weights")
     if note:
@@ -231,29 +244,26 @@ def merge(args: MergeArguments) -> int:
     pairs = sum(len(p) for p in products.values())
     log.info(f"merging {adapter} ({pairs} LoRA pairs on {len(products)} tensors, {len(whole)} trained in full) into "
              f"{base_name}, to {output}")  # fmt: skip
-    try:
-        report = merging.merge_adapters(adapter, base, tmp, products, whole, seed=args.seed)
-    except ValueError as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        die(str(error))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # never a half-written merge beside the adapters
-        raise
-    quantized = models.trained_quantized(adapter, trained_on)
-    report.update(base=base_name, merged=str(output), trained_on_quantized=quantized,
-                  advice=advice(report, adapter, quantized))  # fmt: skip
-    if report["wrong"]:
-        shutil.rmtree(tmp, ignore_errors=True)
-        more = f" (and {len(report['wrong']) - 3} more)" if len(report["wrong"]) > 3 else ""
-        log.error(f"{output}: the merge is wrong, so nothing was published: {'; '.join(report['wrong'][:3])}{more}; "
-                  f"the adapters in {adapter} are untouched")  # fmt: skip
-        return 1
-    (tmp / "merge_report.json").write_text(json.dumps(report, indent=1) + "\n")
-    try:
-        saving.publish(tmp, output, "merge_2048")
-    except saving.NotOurs as error:  # a folder put there since the start: left as it is
-        shutil.rmtree(tmp, ignore_errors=True)
-        die(f"--output_dir {error}")
+    try:  # whatever happens before the publish, no half-written or unpublished merge is left beside the adapters
+        try:
+            report = merging.merge_adapters(adapter, base, tmp, products, whole, seed=args.seed)
+        except ValueError as error:
+            die(str(error))
+        report.update(base=base_name, merged=str(output), trained_on_quantized=quantized,
+                      advice=advice(report, adapter, quantized))  # fmt: skip
+        if report["wrong"]:
+            more = f" (and {len(report['wrong']) - 3} more)" if len(report["wrong"]) > 3 else ""
+            log.error(f"{output}: the merge is wrong, so nothing was published: {'; '.join(report['wrong'][:3])}"
+                      f"{more}; the adapters in {adapter} are untouched")  # fmt: skip
+            return 1
+        (tmp / "merge_report.json").write_text(json.dumps(report, indent=1) + "\n")
+        try:
+            saving.publish(tmp, output, "merge_2048")
+        except saving.NotOurs as error:  # a folder put there since the start: left as it is
+            die(f"--output_dir {error}")
+    finally:
+        if tmp.exists():  # published: renamed away
+            shutil.rmtree(tmp, ignore_errors=True)
     holds = report["kept"] is None or (report["kept"] >= merging.MERGED_KEPT and not quantized)
     log.log(logging.INFO if holds else logging.WARNING, summary(report, output))
     return 0

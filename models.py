@@ -170,7 +170,7 @@ def _load_unsloth(path, model_args, trainable, max_seq_length, offload_embedding
 
 def _load_transformers(path, model_args, adapter, device_map, local_files_only, trust_remote_code):
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from trl import get_quantization_config
 
     quantization = get_quantization_config(model_args)
@@ -186,18 +186,85 @@ def _load_transformers(path, model_args, adapter, device_map, local_files_only, 
         local_files_only=local_files_only,
         trust_remote_code=trust_remote_code,
     )
-    has_tokenizer = adapter is not None and (Path(adapter) / "tokenizer_config.json").is_file()
-    tokenizer = AutoTokenizer.from_pretrained(
-        adapter if has_tokenizer else path,
-        revision=None if has_tokenizer else model_args.model_revision,
-        local_files_only=local_files_only,
-        trust_remote_code=trust_remote_code,
-    )
+    tokenizer = load_tokenizer(path, adapter, revision=model_args.model_revision, local_files_only=local_files_only,
+                               trust_remote_code=trust_remote_code)  # fmt: skip
     if adapter is not None and split_expert_lora(adapter):
         return attach_split_expert_lora(model, Path(adapter)), tokenizer
     if adapter is not None:
         return PeftModel.from_pretrained(model, adapter, local_files_only=local_files_only), tokenizer
     return model, tokenizer
+
+
+class TemplateRefused(ValueError):
+    """A chat template from a user's folder that renders without end, or without bound: one line."""
+
+
+def load_tokenizer(base: str, adapter: str | None = None, **kwargs):
+    """The tokenizer saved with the adapters in `adapter` when it has one (a run saves the tokenizer it trained with,
+    chat template included), else the base's. `kwargs` go to from_pretrained (revision applies to the base). Its chat
+    template runs at every prompt: check_template renders it once, bounded, before a model is sampled."""
+    from transformers import AutoTokenizer
+
+    if adapter is not None and (Path(adapter) / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(adapter, **{k: v for k, v in kwargs.items() if k != "revision"})
+    return AutoTokenizer.from_pretrained(base, **kwargs)
+
+
+TEMPLATE_SECONDS = 10  # a chat template renders the prompt in milliseconds; a hostile one may never end
+TEMPLATE_CHARACTERS = 1 << 20  # the rendered prompt: a few thousand characters
+TEMPLATE_MEMORY = 1 << 30  # bytes the trial render may take: nested loops grew a process to 22 GB in minutes
+
+
+def check_template(tokenizer, messages: list[dict], label: str, **kwargs) -> None:
+    """Render the chat template of `tokenizer` once, as the prompt will be rendered, in a forked child held to
+    TEMPLATE_SECONDS, TEMPLATE_MEMORY more memory than this process has, and TEMPLATE_CHARACTERS of text:
+    TemplateRefused, naming `label`, for a template that does not end, floods memory or writes too much (or fails).
+    Called before a model is sampled or merged: the real render, the same template on the same prompt, then ends as
+    the trial did. The child renders text only (jinja, no torch), and writes a word back."""
+    import contextlib
+    import resource
+    import select
+    import signal
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: render, say how it went, and leave without running anything of the parent's
+        said = b"error"
+        try:
+            os.close(read_end)
+            with contextlib.suppress(OSError, ValueError):  # (no /proc: time and length still bound it)
+                with open("/proc/self/statm") as statm:
+                    used = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+                resource.setrlimit(resource.RLIMIT_AS, (used + TEMPLATE_MEMORY, resource.RLIM_INFINITY))
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+            said = f"ok {len(text)}".encode()
+        except MemoryError:
+            said = b"memory"
+        except BaseException as error:  # noqa: BLE001 - told to the parent in a line
+            said = f"error {type(error).__name__}: {one_line(error, 160)}".encode(errors="replace")
+        finally:
+            os.write(write_end, said[:1024])
+            os._exit(0)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], TEMPLATE_SECONDS)
+        said = os.read(read_end, 1024).decode(errors="replace") if ready else "time"
+    finally:
+        os.close(read_end)
+        if not said.startswith(("ok", "error", "memory")):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    if said == "time":
+        raise TemplateRefused(f"the chat template of {label} renders the prompt for more than {TEMPLATE_SECONDS} s "
+                              "(a prompt takes milliseconds): it is not used")  # fmt: skip
+    if said in ("memory", ""):
+        raise TemplateRefused(f"the chat template of {label} renders the prompt into more than {TEMPLATE_MEMORY >> 20} "
+                              "MB of memory: it is not used")  # fmt: skip
+    if said.startswith("error"):
+        raise TemplateRefused(f"the chat template of {label} does not render the prompt ({said[6:]})")
+    if int(said.split()[1]) > TEMPLATE_CHARACTERS:
+        raise TemplateRefused(f"the chat template of {label} renders the prompt as {int(said.split()[1]):,} characters "
+                              f"(above {TEMPLATE_CHARACTERS:,}): it is not used")  # fmt: skip
 
 
 class LoraRefused(ValueError):
@@ -209,6 +276,9 @@ def attach_lora(model, model_args, name: str, *, backend: str, seed: int = 0, gr
     get_peft_model. A step of its own after the load: LoRA options the model cannot take (a target module it does not
     have) are a LoraRefused naming the option, checked before the library is asked, never a model that "cannot load"."""
     problem = lora_targets_problem(model, model_args.lora_target_modules, name)
+    most = widest(model.config.to_dict())
+    if not problem and most is not None and model_args.lora_r > most:
+        problem = f"--lora_r {model_args.lora_r}: wider than any layer of {name} (at most {most}): use {most} or less"
     if problem:
         raise LoraRefused(problem)
     try:
@@ -403,16 +473,7 @@ def attach_split_expert_lora(model, folder: Path):
     return peft_model
 
 
-# --- which base an adapter was trained on -----------------------------------------------------------------------
-# Every adapter folder a run saves holds BASE_FILE: the base's name as given, its absolute path (a local folder) or hub
-# revision (the cached snapshot's commit), how it is quantized, and a fingerprint: a few values at fixed positions of
-# the tensors stored unquantized in a 4-bit checkpoint and in its 16-bit original alike (the embedding, the final
-# norm), read from the safetensors files. A merge or an evaluation on other weights is refused by it; 4-bit and 16-bit
-# copies of the same model agree.
-BASE_FILE = "train_2048_base.json"
-FINGERPRINTED = {"embed_tokens": re.compile(r"(?:.*\.)?embed_tokens\.weight"),
-                 "norm": re.compile(r"(?:.*\.)?(?<!layers\.)(?:model|language_model)\.norm\.weight")}  # fmt: skip
-FINGERPRINT_VALUES = 8
+# --- a checkpoint's files here ---------------------------------------------------------------------------------
 
 
 def checkpoint_files(name: str, revision: str | None = None) -> tuple[Path | None, str | None]:
@@ -450,158 +511,11 @@ def tensor_files(folder: Path) -> dict[str, Path]:
     return files
 
 
-def fingerprint(folder: Path) -> dict:
-    """{embed_tokens / norm: {shape, values at fixed positions}} read from the checkpoint's safetensors headers and a
-    few bytes of data each, nothing loaded; {} when neither tensor is stored there (or the files do not read)."""
-    import math
-
-    from safetensors import safe_open
-
-    try:
-        files = tensor_files(folder)
-    except Exception:  # noqa: BLE001 - no weights here, or damaged ones: nothing to compare
-        return {}
-    found = {}
-    for key, pattern in FINGERPRINTED.items():
-        name = min((n for n in files if pattern.fullmatch(n)), key=len, default=None)
-        if name is None:
-            continue
-        try:
-            with safe_open(str(files[name]), framework="pt") as f:
-                part = f.get_slice(name)
-                shape = list(part.get_shape())
-                count = math.prod(shape)
-                values = []
-                for i in range(min(FINGERPRINT_VALUES, count)):
-                    flat = round(i * (count - 1) / max(1, FINGERPRINT_VALUES - 1))
-                    index = [slice(flat // math.prod(shape[d + 1:]) % shape[d], None) for d in range(len(shape))]
-                    index = tuple(slice(s.start, s.start + 1) for s in index)
-                    values.append(float(part[index].float().reshape(-1)[0]))
-        except Exception:  # noqa: BLE001 - a damaged shard: nothing to compare
-            continue
-        found[key] = {"shape": shape, "values": values}
-    return found
-
-
-def base_identity(name: str, revision: str | None = None, model=None) -> dict:
-    """What train_2048 records of the base it trains on (BASE_FILE), from its files; `model` the loaded model, whose
-    config names the checkpoint actually read (Unsloth loads unsloth/gpt-oss-20b in 4-bit from its -unsloth-bnb-4bit
-    copy) and how its weights were quantized for training. Never raises."""
+def shown(value, limit: int = 60) -> str:
+    """A value read from a user's file, as JSON in a few characters (for a one-line refusal)."""
     import user_files
 
-    config = getattr(model, "config", None)
-    loaded = getattr(config, "_name_or_path", None) or name
-    folder, commit = checkpoint_files(loaded, revision)
-    if folder is None and loaded != name:
-        folder, commit = checkpoint_files(name, revision)
-    quantization = getattr(config, "quantization_config", None)
-    if quantization is not None and not isinstance(quantization, dict):
-        quantization = quantization.to_dict() if hasattr(quantization, "to_dict") else {"quant_method": "quantized"}
-    if quantization is None and folder is not None:
-        try:
-            stored = user_files.read_json(folder / "config.json", what="the base's config.json")
-            quantization = stored.get("quantization_config") if isinstance(stored, dict) else None
-        except user_files.FileRefused:
-            pass
-    quantized = None
-    if isinstance(quantization, dict):
-        quantized = (quantization.get("bnb_4bit_quant_type") or "4-bit") if quantization.get("load_in_4bit") else (
-            quantization.get("quant_method") or "quantized")  # fmt: skip
-    local = Path(loaded).expanduser().is_dir()
-    return {"name": name, "loaded": loaded, "path": str(folder) if local else None, "revision": None if local else commit,
-            "quantized": str(quantized) if quantized else None,
-            "fingerprint": fingerprint(folder) if folder is not None else {}}  # fmt: skip
-
-
-def trained_quantized(adapter: Path, trained_on: str | None) -> str | None:
-    """How the weights the adapter was trained on were quantized ("nf4"), from its BASE_FILE; for an adapter without
-    one, from the checkpoint it names: Unsloth's 4-bit checkpoints on the hub (FUSED_CHECKPOINT)."""
-    try:
-        identity = read_base_identity(adapter)
-    except ValueError:
-        identity = None
-    if identity is not None:
-        return identity.get("quantized") or None
-    if trained_on in FUSED_CHECKPOINT:  # Unsloth's NF4 checkpoints (the MXFP4 originals may have been trained in 16 bits)
-        return "nf4"
-    return None
-
-
-def write_base_identity(folder: Path, identity: dict) -> None:
-    """BASE_FILE into an adapter folder this run writes (replaced when the folder is saved again)."""
-    import user_files
-
-    path = Path(folder) / BASE_FILE
-    if path.is_file() and not path.is_symlink():
-        path.unlink()
-    user_files.write_new(path, json.dumps(identity, indent=1) + "\n")
-
-
-def read_base_identity(adapter: Path) -> dict | None:
-    """The adapter's BASE_FILE, or None (an adapter saved before it existed, or elsewhere). ValueError when damaged."""
-    import user_files
-
-    path = Path(adapter) / BASE_FILE
-    if not path.exists():
-        return None
-    try:
-        identity = user_files.read_json(path, 1 << 20, "the adapter's base record")
-    except user_files.FileRefused as error:
-        raise ValueError(str(error)) from None
-    if not isinstance(identity, dict) or not isinstance(identity.get("name"), str):
-        raise ValueError(f"{path}: not a record of a base model (no name)")
-    return identity
-
-
-def trained_base(adapter: Path, name: str) -> str:
-    """The base an adapter names, as a path that works from here: a relative path written by an older run (the CPU
-    demo's outputs/cpu-demo/tiny-model) is looked for against the adapter's parents, then as <run folder>/<its last
-    part>; otherwise `name` as it is (a hub name, an absolute path)."""
-    given = Path(name).expanduser()
-    if given.is_absolute() or given.is_dir() or not name:
-        return name
-    run = Path(adapter).resolve().parent
-    for candidate in [*(p / given for p in run.parents), run / given, run / given.name]:
-        if (candidate / "config.json").is_file():
-            return str(candidate)
-    return name
-
-
-def same_fingerprint(a: list, b: list) -> bool:
-    """Equal values rounded to bf16 (a 16-bit original stored in float32 agrees with its bf16 copy); NaN equals NaN."""
-    import torch
-
-    x, y = torch.tensor(a, dtype=torch.float64).bfloat16(), torch.tensor(b, dtype=torch.float64).bfloat16()
-    return x.shape == y.shape and bool(((x == y) | (x.isnan() & y.isnan())).all())
-
-
-def compare_base(adapter: Path, folder: Path | None, label: str) -> tuple[str | None, str | None]:
-    """(why the base in `folder` is not the one the adapter was trained on, None), or (None, a note when it cannot be
-    told), or (None, None) when the fingerprints agree. `label` names the base as the user gave it."""
-    try:
-        identity = read_base_identity(adapter)
-    except ValueError as error:
-        return None, f"the base cannot be checked ({error})"
-    if identity is None:
-        return None, f"{adapter} holds no {BASE_FILE} (saved before it was written): its base cannot be checked"
-    trained = identity["name"] + (f" (revision {identity['revision']})" if identity.get("revision") else "")
-    recorded = identity.get("fingerprint") or {}
-    here = fingerprint(folder) if folder is not None else {}
-    common = sorted(recorded.keys() & here.keys())
-    if not common:
-        where = "the trained base's record" if not recorded else f"{label}'s files"
-        return None, (f"the base cannot be checked: no embedding or final norm in {where} to compare ({trained} "
-                      f"against {label})")  # fmt: skip
-    for key in common:
-        ours, theirs = recorded[key], here[key]
-        if list(ours.get("shape", [])) != theirs["shape"]:
-            return (f"{label} is not the model {adapter} was trained on ({trained}): its {key} is "
-                    f"{tuple(theirs['shape'])}, the trained base's {tuple(ours.get('shape', []))}"), None
-        if not same_fingerprint(ours.get("values", []), theirs["values"]):
-            differ = sum(not same_fingerprint([x], [y]) for x, y in zip(ours.get("values", []), theirs["values"]))
-            return (f"{label} is not the model {adapter} was trained on ({trained}): {differ} of "
-                    f"{len(theirs['values'])} {key} values at fixed positions differ"), None
-    return None, None
+    return user_files.shorten(json.dumps(value, default=str), limit)
 
 
 # --- an adapter's files, checked before they are used --------------------------------------------------------------
@@ -623,6 +537,25 @@ def safetensors_problem(file: Path) -> str | None:
     if not stat.S_ISREG(info.st_mode):
         return "not a regular file"
     return run_folder.safetensors_damage(file)
+
+
+def weights_damage(folder: Path) -> str | None:
+    """Why a local model folder's weights cannot be loaded, read from the safetensors headers alone (None: each file
+    its index names is there, whole): a copy cut short, a shard missing. Asked before a load, so a damaged base is one
+    line naming the file, not the library's words about metadata."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        return None
+    try:
+        shards = sorted(set(tensor_files(folder).values())) if (folder / "model.safetensors.index.json").is_file() \
+            else sorted(folder.glob("*.safetensors"))  # fmt: skip
+    except (ValueError, OSError) as error:
+        return f"its weights' index does not read ({one_line(error, 120)})"
+    for shard in shards:
+        problem = "it is missing" if not shard.exists() else safetensors_problem(shard)
+        if problem:
+            return f"its {shard.name} is damaged ({problem}): a copy cut short, or another file"
+    return None
 
 
 def target_modules_problem(targets) -> str | None:
@@ -680,9 +613,15 @@ def target_modules_problem(targets) -> str | None:
     return None
 
 
+TRAINED_PEFT = ("LORA",)  # the adapters train_2048 trains: any other kind (prefix tuning, IA3, ...) is refused
+
+
 def adapter_config_problem(folder: Path) -> tuple[dict | None, str | None]:
-    """(adapter_config.json, None) when it can be handed to PEFT, else (None, why): read as a user's file, a LoRA rank
-    and a finite alpha, a target_modules PEFT can match, and adapter_model.safetensors' header whole."""
+    """(adapter_config.json, None) when it can be handed to PEFT, else (None, why): read as a user's file, a kind of
+    adapter the project trains (TRAINED_PEFT), a LoRA rank and a finite alpha, no rank or alpha per module, a
+    target_modules PEFT can match, and adapter_model.safetensors' header whole, each LoRA pair of that rank and no wider
+    than the layer it is on (lora_rank_problem): PEFT builds every adapter at the configured rank before it reads a
+    tensor, so r = 2,000,000 would take gigabytes first."""
     import math
 
     import user_files
@@ -693,12 +632,19 @@ def adapter_config_problem(folder: Path) -> tuple[dict | None, str | None]:
         return None, f"its adapter_config.json does not read ({str(error).rpartition(': ')[2] or error})"
     if not isinstance(config, dict):
         return None, "its adapter_config.json is not a record"
+    kind = config.get("peft_type", "LORA")
+    if kind not in TRAINED_PEFT:
+        return None, (f"its adapter_config.json holds a {shown(kind)} adapter, and train_2048 trains and reads "
+                      f"{', '.join(TRAINED_PEFT)} adapters only")  # fmt: skip
     rank, alpha = config.get("r"), config.get("lora_alpha")
-    if config.get("peft_type", "LORA") == "LORA":
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
-            return None, f"its adapter_config.json gives LoRA rank r = {rank!r}, not a positive whole number"
-        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
-            return None, f"its adapter_config.json gives lora_alpha = {alpha!r}, not a finite number"
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+        return None, f"its adapter_config.json gives LoRA rank r = {shown(rank)}, not a positive whole number"
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        return None, f"its adapter_config.json gives lora_alpha = {shown(alpha)}, not a finite number"
+    for key in ("rank_pattern", "alpha_pattern"):
+        if config.get(key):
+            return None, (f"its adapter_config.json gives {key} {shown(config[key])}: ranks and alphas per module "
+                          "are not what train_2048 trains")  # fmt: skip
     problem = target_modules_problem(config.get("target_modules"))
     if problem:
         return None, f"its adapter_config.json: {problem}"
@@ -707,7 +653,61 @@ def adapter_config_problem(folder: Path) -> tuple[dict | None, str | None]:
         problem = safetensors_problem(weights)
         if problem:
             return None, f"{weights.name} is damaged ({problem})"
+        problem = lora_rank_problem(weights, rank)
+        if problem:
+            return None, problem
     return config, None
+
+
+def lora_rank_problem(weights: Path, rank: int) -> str | None:
+    """Why the LoRA pairs in `weights` (its header: nothing read) do not have the configured rank, or are wider than the
+    layers they are on (None: every lora_A is (rank x k, in) and its lora_B (out, rank x k), k experts, rank <= in and
+    out). A LoRA of rank r on an in x out layer changes nothing more than one of rank min(in, out)."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="np") as f:
+        shapes = {name: list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+    for name, shape in shapes.items():
+        if ".lora_A." not in name:
+            continue
+        other = shapes.get(name.replace(".lora_A.", ".lora_B."))
+        if len(shape) != 2 or other is None or len(other) != 2 or shape[0] != other[1] or shape[0] % rank:
+            return (f"its adapter_config.json gives rank r = {rank}, and {name} is {shape}, its lora_B "
+                    f"{other}: not a LoRA pair of that rank")  # fmt: skip
+        if rank > min(shape[1], other[0]):
+            return (f"its adapter_config.json gives rank r = {rank}, wider than the layer {name} is on "
+                    f"({shape[1]} in, {other[0]} out)")  # fmt: skip
+    return None
+
+
+def lora_width_problem(config: dict, base: str) -> str | None:
+    """Why an adapter's rank, or its scale alpha / r, is wider than its base model (None: neither is, or the base's
+    config.json is not here to tell): PEFT puts a LoRA of the configured rank on every layer target_modules names,
+    saved tensors or not, and no layer of the model is wider than its widest hidden or intermediate size."""
+    import user_files
+
+    folder, _ = checkpoint_files(base)
+    try:
+        model = user_files.read_json(folder / "config.json", what="config.json") if folder is not None else None
+    except user_files.FileRefused:
+        return None
+    most = widest(model) if isinstance(model, dict) else None
+    if most is not None and config["r"] > most:
+        return f"its adapter_config.json gives rank r = {config['r']}, wider than any layer of {base} (at most {most})"
+    if most is not None and abs(config["lora_alpha"]) > most * config["r"]:  # a scale alpha / r above any width
+        return (f"its adapter_config.json gives lora_alpha = {config['lora_alpha']:g}, a scale of "
+                f"{abs(config['lora_alpha']) / config['r']:g} on each LoRA, above the widest layer of {base} ({most}): "
+                "no training writes that")  # fmt: skip
+    return None
+
+
+def widest(config: dict) -> int | None:
+    """The widest hidden or intermediate size of a model's config (a mapping, as config.json holds it), or None: no
+    LoRA on its layers has a use for a rank above it."""
+    config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+    widths = [v for k, v in config.items() if k in ("hidden_size", "intermediate_size", "moe_intermediate_size")
+              and isinstance(v, int) and not isinstance(v, bool) and v > 0]  # fmt: skip
+    return max(widths) if widths else None
 
 
 def adapter_weights_problem(folder: Path) -> str | None:
@@ -740,8 +740,10 @@ def non_finite_tensors(tensors: dict) -> str | None:
 
 
 def one_line(error: BaseException, limit: int = 300) -> str:
-    """An error's message as one line of at most `limit` characters."""
-    return " ".join(str(error).split())[:limit]
+    """An error's message as one line of at most `limit` characters, cut at a word (user_files.shorten)."""
+    import user_files
+
+    return user_files.shorten(str(error), limit)
 
 
 # --- a loaded model, sampled and let go ---------------------------------------------------------------------------

@@ -31,6 +31,8 @@ import models
 import rewards
 import run_folder
 import sandbox
+import trained_base
+import user_files
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CONFIG = HERE / "configs" / "gpt-oss-20b.yaml"
@@ -38,6 +40,7 @@ REAL_GPT_OSS = re.compile(r"gpt-oss-(20|120)b", re.I)  # checkpoints no CPU can 
 # Unsloth (2026.10.9) writes mxfp4 through llm-compressor, which runs with transformers up to this version only
 # (unsloth/save.py, _LLM_COMPRESSOR_MAX_TRANSFORMERS; tests/unsloth checks it): above it the save fails after training.
 MXFP4_MAX_TRANSFORMERS = "4.57.6"
+REASONING_EFFORTS = ("low", "medium", "high")  # what GPT-OSS's chat template takes as reasoning_effort
 # No preset's GRPO step comes near an hour: the slowest, the default on a DGX Spark, is ~300-500 s (an estimate from
 # a public GB10 run's 85-142 s at 200-300 tokens, 1ou2/gpt-2048: docs/PERF.md, README's preset table).
 MAX_STEP_SECONDS = 3600
@@ -381,7 +384,8 @@ def plan(argv: list[str], backend: str, description: str | None = None) -> Plan:
 
 
 def one_line(exc: BaseException | None, limit: int = 200) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
+    """An exception as one line: its type and message, cut at a word (user_files.shorten)."""
+    return user_files.shorten(f"{type(exc).__name__}: {exc}", limit)
 
 
 @dataclass
@@ -518,6 +522,7 @@ def config_and_flags(argv: list[str]) -> tuple[str, dict, list[str], dict[str, s
     path, rest = split_config(argv)
     path = path or str(DEFAULT_CONFIG)  # plain `python train_2048.py` is the GPT-OSS-20B run
     config = read_config(path)
+    refuse_command_line_keys(config, path)
     env = preset_env(config, path)
     return path, config, rest, env
 
@@ -584,10 +589,25 @@ def train_parser(description: str | None = None):
     return parser
 
 
+# Options of the command line that no preset may set, and why.
+NOT_IN_A_PRESET = {
+    "config": "a preset cannot name another preset (give one --config; flags after it change what it sets)",
+    "help": "--help is a command-line flag (train_2048.py --help), not an option a preset sets",
+}
+
+
+def refuse_command_line_keys(config: dict, source: str) -> None:
+    """An OptionError for a key of NOT_IN_A_PRESET (read before any parse: `help: true` would be --help's word)."""
+    for key in config:
+        if str(key).replace("-", "_") in NOT_IN_A_PRESET:
+            raise OptionError(f"{source}: {key}: {NOT_IN_A_PRESET[str(key).replace('-', '_')]}")
+
+
 def refuse_unknown_keys(config: dict, parser, source: str) -> None:
     """An OptionError for the first key of a preset (its `env:` already taken out: preset_env) that names no option of
     train_2048's `parser` (another tool's YAML, an accelerate config, a typo), with the closest option's name."""
     known = long_flags(parser)
+    refuse_command_line_keys(config, source)
     for key in config:
         if str(key).replace("-", "_") not in known:
             close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.75)
@@ -670,6 +690,22 @@ def check_options(script_args, training_args, model_args, given: set[str]) -> No
     """Ranges and conflicts of our options, and the TRL/transformers ones that ours depend on."""
     if not str(training_args.output_dir or "").strip():
         raise OptionError(f"--output_dir {training_args.output_dir!r}: must name a folder (outputs/my-run, say)")
+    if "output_dir" not in given:  # transformers would write to ./trainer_output, unsaid
+        raise OptionError("--output_dir is not given (the preset's output_dir is missing or null): name the folder the "
+                          "run writes (outputs/my-run, say)")  # fmt: skip
+    problem = user_files.name_problem(Path(training_args.output_dir))
+    if problem:
+        raise OptionError(f"--output_dir: {problem}")
+    for key, value in (training_args.chat_template_kwargs or {}).items():
+        if key == "reasoning_effort" and value not in REASONING_EFFORTS:
+            raise OptionError(f"--chat_template_kwargs: reasoning_effort {models.shown(value)}: one of "
+                              f"{', '.join(REASONING_EFFORTS)} (GPT-OSS's)")  # fmt: skip
+        if not isinstance(value, str | int | float | bool):
+            raise OptionError(f"--chat_template_kwargs: {key} {models.shown(value)}: a chat template's argument is a "
+                              "plain value (text, a number, true or false)")  # fmt: skip
+    if training_args.max_completion_length >= script_args.max_seq_length:
+        raise OptionError(f"--max_completion_length {training_args.max_completion_length}: must be below "
+                          f"--max_seq_length {script_args.max_seq_length} (the longest prompt and completion together)")
     if not model_args.model_name_or_path:
         raise OptionError(f"--model_name_or_path is required ({demo_data.TINY}: the CPU demo's model)")
     if not 0 <= script_args.overlong_penalty < training_args.max_completion_length:
@@ -701,6 +737,22 @@ def check_options(script_args, training_args, model_args, given: set[str]) -> No
                                       "leave it out (tensorboard is installed with train_2048)")  # fmt: skip
 
 
+def warm_start_problem(tokenizer, prompt: str, script_args) -> str | None:
+    """Why --warm_start cannot train with these options (None: it can): each example answer, with the prompt, must fit
+    --max_seq_length, or SFT cuts the answers off and has nothing left to learn from (a ValueError deep in the
+    trainer). Asked once the tokenizer is loaded, before anything trains."""
+    if not script_args.warm_start:
+        return None
+    import demo_data
+
+    longest = max(len(tokenizer.apply_chat_template(row["prompt"] + row["completion"], return_dict=True)["input_ids"])
+                  for row in demo_data.sft_rows(prompt))  # fmt: skip
+    if longest <= script_args.max_seq_length:
+        return None
+    return (f"--max_seq_length {script_args.max_seq_length}: the warm start's example answers take up to {longest} "
+            f"tokens with the prompt: raise it to {longest} or more, or --warm_start false")
+
+
 def check_before_loading(script_args, settings, training_args, model_args, backend: str) -> list[str]:
     """Every check of what the options name (paths, the hub, the sandbox), with nothing loaded or written: one line
     and exit 2 now, not a traceback an hour in. What the output folder holds is read under its lock, when the run
@@ -717,8 +769,8 @@ def check_before_loading(script_args, settings, training_args, model_args, backe
             f"--router_aux_loss_coef {training_args.router_aux_loss_coef:g}: Unsloth's GRPO does not compute the MoE "
             "router loss; set it to 0 (the GPT-OSS presets do)"
         )
-    looks_local = model_name.startswith((".", "/", "~")) or model_name.count("/") > 1  # a hub id is org/name
-    if model_name != demo_data.TINY and looks_local and not Path(model_name).expanduser().exists():
+    local = trained_base.looks_local(model_name)
+    if model_name != demo_data.TINY and local and not Path(model_name).expanduser().exists():
         raise OptionError(f"model path {model_name} does not exist")
     problem = models.not_a_model(model_name) if model_name != demo_data.TINY else None
     if problem:
@@ -763,6 +815,55 @@ def version_at_most(package: str, highest: str) -> bool:
     from packaging.version import Version
 
     return Version(Version(importlib.metadata.version(package)).base_version) <= Version(highest)
+
+
+def check_checkpoint(checkpoint: Path, training_args, model_args, output_dir: Path) -> None:
+    """The checkpoint a resume continues from, against the options: its adapters' rank and scale, its base (the
+    fingerprint) and its scheduler's kind. Asked under the folder's lock (train_2048.hold_the_folder), once
+    run_folder.take has chosen it."""
+    check_adapter_shape(checkpoint, model_args)
+    check_resume_base(checkpoint, model_args.model_name_or_path, output_dir)
+    check_resume_scheduler(checkpoint, training_args)
+
+
+def check_resume_scheduler(checkpoint: Path, training_args) -> None:
+    """A resume loads scheduler.pt into the scheduler --lr_scheduler_type builds, whose load_state_dict takes what it
+    finds (LambdaLR's fails on a missing key, with a traceback at the first step): its state must be of that
+    scheduler's kind, the same names (checkpoint_state has checked their types)."""
+    file = checkpoint / "scheduler.pt"
+    if not file.is_file():
+        return
+    import torch
+    from transformers import get_scheduler
+
+    try:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        expected = set(get_scheduler(training_args.lr_scheduler_type, optimizer, num_warmup_steps=1,
+                                     num_training_steps=2, scheduler_specific_kwargs=training_args.lr_scheduler_kwargs
+                                     or {}).state_dict())  # fmt: skip
+    except Exception:  # noqa: BLE001 - a scheduler that needs more to be built: its own load says what is wrong
+        return
+    saved = set(torch.load(file, map_location="cpu", weights_only=True, mmap=True))  # (checked: a mapping of names)
+    if saved != expected:
+        differ = sorted(saved ^ expected)
+        kind = getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)
+        raise OptionError(f"--resume: {file} holds another scheduler's state than --lr_scheduler_type {kind} keeps (it "
+                          f"differs in {', '.join(differ[:4])}): resume with the run's own --lr_scheduler_type, or "
+                          "start a new run in another --output_dir")  # fmt: skip
+
+
+def check_resume_base(checkpoint: Path, model_name: str, output_dir: Path) -> None:
+    """A resume puts the checkpoint's adapters on the model the options name (trained_base.resolve_base: the option wins;
+    the CPU demo's is <output_dir>/tiny-model): when its files are here to compare, a model whose fingerprint is not the
+    checkpoint's base is refused now, in one line, not trained on."""
+    base = str(output_dir / "tiny-model") if model_name == demo_data.TINY else model_name
+    try:
+        base = trained_base.resolve_base(checkpoint, base, "--model_name_or_path")
+        other, _ = trained_base.compare_base(checkpoint, models.checkpoint_files(base)[0], base)
+    except ValueError as error:  # its train_2048_base.json is damaged or holds what no run writes
+        raise OptionError(f"--resume: {error}") from None
+    if other:  # (a base that cannot be compared, its files not here, is loaded as named: nothing to refuse)
+        raise OptionError(f"--resume: {other}; --model_name_or_path names the model it was trained on")
 
 
 def check_adapter_shape(checkpoint: Path, model_args) -> None:

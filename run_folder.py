@@ -26,6 +26,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import checkpoint_state
+
 MANIFEST = ".train_2048-run.json"  # the run's record: what it claimed (made, or will make) and adopted there
 LOCK = ".train_2048-run.lock"  # who holds the folder (pid, host, since); the lock itself is on the folder
 MARK = ".train_2048-wrote-this"  # in a folder a command published: {"by": the command, "files": what it wrote}
@@ -132,7 +134,7 @@ def read_manifest(output_dir: Path, fd: int | None = None) -> dict:
                 raise ValueError("claims outside the run's names")
     except (OSError, user_files.FileRefused, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise FolderRefused(f"output_dir {output_dir}: its record of the run, {MANIFEST}, cannot be read "
-                            f"({' '.join(str(exc).split())[:160]}), so nothing there is deleted or continued: move "
+                            f"({user_files.shorten(exc, 160)}), so nothing there is deleted or continued: move "
                             "the folder's files yourself, or give another --output_dir") from None  # fmt: skip
     return {"claims": claims, "adopted": adopted}
 
@@ -672,16 +674,20 @@ def checkpoint_damage(path: Path) -> str | None:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"global_step {step!r}")
     except (user_files.FileRefused, ValueError, TypeError, KeyError) as exc:
-        return f"its trainer_state.json cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
+        return f"its trainer_state.json cannot be read ({user_files.shorten(f'{type(exc).__name__}: {exc}', 120)})"
     match = re.fullmatch(r"checkpoint-(\d+)", path.name)
     if match and step != int(match.group(1)):
         return f"its trainer_state.json is of step {step}, not {match.group(1)}"
+    problem = checkpoint_state.problem(path / "trainer_state.json")  # the record transformers builds its state from
+    if problem:
+        return problem
     if (path / "adapter_config.json").is_file() and not any(path.glob("adapter_model.*")):
         return "its adapters' weights (adapter_model.safetensors) are missing"
     for file in sorted(path.glob("*.safetensors")):
         problem = safetensors_damage(file)
         if problem:
             return f"{file.name} is damaged ({problem})"
+    tensors = checkpoint_state.tensor_count(path)  # the state's bounds grow with the trained tensors
     for file in sorted([*path.glob("*.pt"), *path.glob("*.pth"), *path.glob("*.bin")]):
         try:
             with zipfile.ZipFile(file) as saved:
@@ -690,24 +696,9 @@ def checkpoint_damage(path: Path) -> str | None:
             return f"{file.name} is damaged (not a whole torch file: cut short, or overwritten)"
         if bad is not None:
             return f"{file.name} is damaged (its part {bad} fails its checksum)"
-        problem = weights_only_problem(file) if file.name != "training_args.bin" else None  # resume never loads it
+        problem = checkpoint_state.problem(file, tensors) if file.name != "training_args.bin" else None  # never loaded
         if problem:
-            return f"{file.name} cannot be loaded as data ({problem})"
-    return None
-
-
-def weights_only_problem(file: Path) -> str | None:
-    """Why torch.load(weights_only=True), as transformers loads a checkpoint's optimizer, scheduler and RNG state,
-    refuses the file (a pickle that would call a function: os.system, say); None when it loads. The tensors are
-    memory-mapped, not read, and nothing in the file runs: the weights-only unpickler refuses every other global."""
-    import torch
-    from transformers.trainer_pt_utils import safe_globals  # the numpy types transformers allows in rng_state.pth
-
-    try:
-        with safe_globals():
-            torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as exc:  # noqa: BLE001 - UnpicklingError, RuntimeError, ...: the file is refused, in one line
-        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+            return f"{file.name} {problem}"
     return None
 
 

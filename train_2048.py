@@ -36,6 +36,8 @@ import rewards
 import run_folder
 import sandbox
 import saving
+import trained_base
+import user_files
 
 HELD: list = []  # the output folder, held while the run lives (run_folder.Held: its lock and record)
 log = logging.getLogger("train_2048")
@@ -145,7 +147,7 @@ def load_policy(script_args, training_args, model_args, backend: str, prompt: st
         gradient_checkpointing=training_args.gradient_checkpointing,
         trust_remote_code=training_args.trust_remote_code,
     )
-    model.train_2048_base = models.base_identity(model_name, model_args.model_revision, model)  # for each save
+    model.train_2048_base = trained_base.base_identity(model_name, model_args.model_revision, model)  # for each save
     if models.experts_layout(model) is not None:
         log.info(f"model: {models.describe_experts(model)}")
     if backend == "unsloth":
@@ -190,20 +192,22 @@ def run_grpo(trainer, ctrl_c, bar, checkpoint: Path | None) -> bool:
     except grpo.CheckpointError as exc:
         import shutil
 
+        said = user_files.write_failure(exc.__cause__, output_dir)  # a full disk named as one, before space is freed
         if trainer.is_world_process_zero() and run_folder.checkpoint_damage(exc.folder):
             shutil.rmtree(exc.folder, ignore_errors=True)  # a half-written one, and the space it held
         grpo.close_bars(bar)
-        die(f"cannot write {exc.folder} ({one_line(exc.__cause__)}): {last_complete(output_dir)}")
+        die(f"cannot write {exc.folder} ({said}): {last_complete(output_dir)}")
     except OSError as exc:  # writing metrics.jsonl, training.log, strategies/, TensorBoard's files
         grpo.close_bars(bar)
-        die(f"stopped at step {trainer.state.global_step} ({one_line(exc)}): {last_complete(output_dir)}")
+        die(f"stopped at step {trainer.state.global_step} ({user_files.write_failure(exc, output_dir)}): "
+            f"{last_complete(output_dir)}")
     finally:
         signal.signal(signal.SIGINT, previous)
     return ctrl_c.requested
 
 
 def one_line(exc: BaseException | None, limit: int = 200) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
+    return options.one_line(exc, limit)
 
 
 def last_complete(output_dir: Path) -> str:
@@ -293,7 +297,7 @@ def hold_the_folder(plan, state) -> None:
                                    max_steps=plan.training_args.max_steps)  # fmt: skip
             try:
                 if held.checkpoint is not None:
-                    options.check_adapter_shape(held.checkpoint, plan.model_args)
+                    options.check_checkpoint(held.checkpoint, plan.training_args, plan.model_args, plan.output_dir)
                 held.start(push_to_hub=plan.training_args.push_to_hub)
             except BaseException:
                 held.release()
@@ -357,6 +361,10 @@ def load_or_leave(plan, prompt: str, state):
         die(f"cannot load model {plan.model_args.model_name_or_path}: {one_line(exc, 300)}")
     if plan.checkpoint is not None:
         compare_adapters(model, plan.checkpoint)
+    problem = options.warm_start_problem(tokenizer, prompt, plan.script_args) if plan.checkpoint is None else None
+    if problem:
+        leave_as_found(state)
+        die(problem)
     reasoning = (plan.training_args.chat_template_kwargs or {}).get("reasoning_effort", "low")
     check_budget(tokenizer, plan.settings, plan.script_args, plan.training_args, plan.model_args.model_name_or_path,
                  plan.backend, reasoning)  # fmt: skip

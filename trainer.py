@@ -25,10 +25,10 @@ from trl import GRPOTrainer
 
 import evaluation
 import generation
-import models
 import rewards
 import run_folder
 import saving
+import trained_base
 import user_files
 
 log = logging.getLogger("train_2048")
@@ -173,7 +173,7 @@ class GameGRPOTrainer(GRPOTrainer):
 
     # --- the strategy archive in each checkpoint ------------------------------------------------------------
 
-    base_identity: dict | None = None  # models.base_identity of the base trained on (train_2048's make_trainer)
+    base_identity: dict | None = None  # trained_base.base_identity of the base trained on (train_2048's make_trainer)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         # A checkpoint's save starts here, and transformers writes trainer_state.json, which marks it complete, last:
@@ -181,7 +181,7 @@ class GameGRPOTrainer(GRPOTrainer):
         # saved through here too (saving.save_and_verify), so every adapter folder of a run names its base.
         super().save_model(output_dir, _internal_call)
         if self.base_identity is not None and output_dir and self.args.should_save:
-            models.write_base_identity(Path(output_dir), self.base_identity)  # which base these adapters belong to
+            trained_base.write_base_identity(Path(output_dir), self.base_identity)  # which base these adapters belong to
         if output_dir and self.args.should_save:  # how the run played and sampled: evaluate_2048 --adapter does alike
             evaluation.write_run_record(Path(output_dir), self.settings, self.args)
         if self.archive is not None and output_dir and Path(output_dir).name == f"checkpoint-{self.state.global_step}":

@@ -35,6 +35,19 @@ class FileRefused(ValueError):
     """A user's file that is not what it should be, in one line."""
 
 
+def shorten(text: str, limit: int = 300) -> str:
+    """`text` as one line of at most `limit` characters: whitespace collapsed, and a longer text cut at the last word
+    boundary before the limit with "..." (mid-word only when a single word fills more than half the line: a path)."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    cut = text[: max(0, limit - 3)]
+    space = cut.rfind(" ")
+    if space > limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:(") + "..."
+
+
 def _size(n: int) -> str:
     return f"{n / (1 << 20):.0f} MB" if n >= 1 << 20 else f"{n / 1024:.0f} kB" if n >= 1024 else f"{n} bytes"
 
@@ -109,21 +122,45 @@ def read_json(path: str | os.PathLike, limit: int = JSON_BYTES, what: str = "fil
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise FileRefused(f"cannot read {what} {path}: not valid JSON ({' '.join(str(exc).split())[:120]})") from None
+        raise FileRefused(f"cannot read {what} {path}: not valid JSON ({shorten(exc, 120)})") from None
     if _depth(value, MAX_DEPTH) > MAX_DEPTH:
         raise FileRefused(f"cannot read {what} {path}: nested deeper than {MAX_DEPTH} levels")
     return value
 
 
+MAX_DIGITS = 100  # of an integer in a preset: Python refuses to convert one of 4,300 digits, with a traceback
+
+
 def read_yaml(path: str | os.PathLike, limit: int = PRESET_BYTES, what: str = "config"):
     """A YAML file's value, parsed by PyYAML's safe loader (no code runs) with no anchors or aliases (each alias may
-    expand to a copy of a whole tree: 10^9 leaves from a few lines) and nesting bounded by MAX_DEPTH."""
+    expand to a copy of a whole tree: 10^9 leaves from a few lines), nesting bounded by MAX_DEPTH, integers of at most
+    MAX_DIGITS digits, and no key given twice in one mapping (PyYAML keeps the last, unsaid)."""
     import yaml
 
     text = read_text(path, limit, what)
 
+    def refuse(node, said: str):
+        raise FileRefused(f"cannot read {what} {path}: line {node.start_mark.line + 1}: {said}")
+
     class BoundedLoader(yaml.SafeLoader):
         depth = 0
+
+        def construct_yaml_int(self, node):
+            digits = sum(c.isalnum() for c in str(node.value))
+            if digits > MAX_DIGITS:
+                refuse(node, f"an integer of {digits:,} digits (at most {MAX_DIGITS})")
+            return super().construct_yaml_int(node)
+
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen = set()
+                for key, _ in node.value:
+                    name = key.value if isinstance(key, yaml.ScalarNode) else None
+                    if name is not None and name in seen:
+                        refuse(key, f"the key {shorten(name, 60)} is given twice (YAML would keep the last, unsaid): "
+                               "give it once")  # fmt: skip
+                    seen.add(name)
+            return super().construct_mapping(node, deep=deep)
 
         def compose_node(self, parent, index):
             if self.check_event(yaml.AliasEvent):
@@ -138,15 +175,75 @@ def read_yaml(path: str | os.PathLike, limit: int = PRESET_BYTES, what: str = "c
             finally:
                 self.depth -= 1
 
+    BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
     loader = BoundedLoader(text)
     try:
         return loader.get_single_data()
     except yaml.YAMLError as exc:
-        raise FileRefused(f"cannot read {what} {path}: {' '.join(str(exc).split())[:300]}") from None
+        raise FileRefused(f"cannot read {what} {path}: {shorten(exc, 300)}") from None
     except RecursionError:
         raise FileRefused(f"cannot read {what} {path}: nested too deeply") from None
     finally:
         loader.dispose()
+
+
+def name_problem(path: str | os.PathLike, room: int = 64) -> str | None:
+    """Why a file or folder cannot be made at `path` on this system (None: it can): a part of its name longer than the
+    file system allows (NAME_MAX: 255 bytes on Linux), or the whole path, with `room` bytes for the names written
+    inside it, longer than PATH_MAX. Asked before anything is written, so the answer is one line, not an OSError from
+    deep in a library."""
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    existing = path
+    while existing != existing.parent:
+        try:
+            if existing.exists():
+                break
+        except OSError:  # ENAMETOOLONG: the name said below
+            pass
+        existing = existing.parent
+
+    def limit(name: str, default: int) -> int:
+        try:
+            return os.pathconf(existing if existing.is_dir() else existing.parent, name)
+        except (OSError, ValueError):
+            return default
+
+    most = limit("PC_NAME_MAX", 255)
+    for part in path.parts:
+        if len(os.fsencode(part)) > most:
+            return (f"{shorten(part, 40)} is a name of {len(os.fsencode(part))} bytes, longer than this file system "
+                    f"allows ({most}): give a shorter one")  # fmt: skip
+    longest = limit("PC_PATH_MAX", 4096)
+    if len(os.fsencode(str(path))) + room > longest:
+        return (f"{shorten(str(path), 60)} is a path of {len(os.fsencode(str(path)))} bytes, and with the names written "
+                f"inside it longer than this system allows ({longest}): give a shorter one")  # fmt: skip
+    return None
+
+
+FULL = 64 << 20  # free bytes below which a failed write is said as a full disk
+
+
+def write_failure(error: BaseException, folder: str | os.PathLike) -> str:
+    """A write that failed, in a few words: "no space left on device" when the disk holding `folder` is full (ENOSPC
+    anywhere in the error's chain, or its message, or less than FULL bytes left after a write failed: torch's writer
+    says only `[enforce fail at inline_container.cc] . unexpected pos`), else the error as one line. Asked before
+    what was written is removed."""
+    import shutil
+
+    chain, seen = [], error
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    said = shorten(f"{type(error).__name__}: {error}", 200)
+    if any(getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e) for e in chain):
+        return f"no space left on device ({said})"
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return said
+    if free < FULL:
+        return f"no space left on device ({_size(free)} free on the disk holding {folder})"
+    return said
 
 
 def write_new(path: Path, data: bytes | str, mode: int = 0o644) -> None:

@@ -35,10 +35,28 @@ def checkpoint(folder: Path, step: int, r: int = 16) -> Path:
     path.mkdir(parents=True)
     save_file({"base_model.model.lm_head.weight": torch.zeros(4, 2)}, str(path / "adapter_model.safetensors"))
     (path / "adapter_config.json").write_text(json.dumps({"r": r, "lora_alpha": 2 * r, "peft_type": "LORA"}))
-    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"):
-        torch.save({"state": torch.ones(3), "step": step}, path / name)
+    for name, state in training_state().items():
+        torch.save(state, path / name)
+    torch.save({"step": step}, path / "training_args.bin")
     (path / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
     return path
+
+
+def training_state() -> dict:
+    """What a checkpoint's torch files hold, as transformers saves them: an AdamW state after a step, a constant
+    schedule's LambdaLR state, the random states (checkpoint_state checks each is of its kind)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.AdamW([weight])
+    weight.grad = torch.ones(3)
+    optimizer.step()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    return {"optimizer.pt": optimizer.state_dict(), "scheduler.pt": scheduler.state_dict(), "rng_state.pth": rng}
 
 
 def finished_run(folder: Path, recorded: bool = True) -> Path:
@@ -63,6 +81,13 @@ def record(folder: Path, claims: list[str], adopted: list[str] = ()) -> None:
     (folder / run_folder.MANIFEST).write_text(text)
 
 
+def demo_with(text: str) -> str:
+    """The demo preset with the keys of `text` in place of its own (a preset that gives a key twice is refused)."""
+    keys = {line.split(":")[0] for line in text.splitlines() if line and not line.startswith((" ", "#"))}
+    kept = [line for line in Path(DEMO).read_text().splitlines() if line.split(":")[0] not in keys]
+    return "\n".join(kept) + "\n" + text + "\n"
+
+
 def cut_short(file: Path) -> None:
     data = file.read_bytes()
     file.write_bytes(data[: len(data) // 2])
@@ -73,9 +98,8 @@ def place(tmp_path_factory):
     """The files the mistakes below name: presets with a wrong value each, a finished run, damaged checkpoints, and
     folders that are not models."""
     root = tmp_path_factory.mktemp("mistakes")
-    demo = Path(DEMO).read_text()
     for name, text in PRESETS.items():
-        (root / f"{name}.yaml").write_text(text if name.startswith("raw-") else demo + "\n" + text + "\n")
+        (root / f"{name}.yaml").write_text(text if name.startswith("raw-") else demo_with(text))
     finished_run(root / "run")
     damaged = finished_run(root / "damaged")
     cut_short(damaged / "checkpoint-4" / "trainer_state.json")

@@ -22,6 +22,13 @@ import trainer
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = str(REPO / "configs" / "cpu-demo.yaml")
+
+
+def demo_with(text: str) -> str:
+    """The demo preset with the keys of `text` in place of its own (a preset that gives a key twice is refused)."""
+    keys = {line.split(":")[0] for line in text.splitlines() if line and not line.startswith((" ", "#"))}
+    kept = [line for line in Path(DEMO).read_text().splitlines() if line.split(":")[0] not in keys]
+    return "\n".join(kept) + "\n" + text + "\n"
 ON_CPU = ["--use_cpu", "true", "--bf16", "false"]  # GRPOConfig refuses bf16 without a GPU
 
 
@@ -135,8 +142,8 @@ def test_a_yaml_value_is_checked_as_its_flag_is(tmp_path):
     """A preset's values become the words of their flags: a list for a list option, true/false, a mapping's JSON;
     the flags after them win (tests/test_mistakes.py has the values refused)."""
     preset = tmp_path / "preset.yaml"
-    preset.write_text(Path(DEMO).read_text() + "\nreport_to: [tensorboard]\nlearning_rate: 5e-5\nmax_steps: 7\n"
-                      "chat_template_kwargs: {reasoning_effort: medium}\nlora_modules_to_save: null\n")  # fmt: skip
+    preset.write_text(demo_with("report_to: [tensorboard]\nlearning_rate: 5e-5\nmax_steps: 7\n"
+                                "chat_template_kwargs: {reasoning_effort: medium}\nlora_modules_to_save: null"))
     script, grpo, model, settings = parse("--config", str(preset), "--max_steps", "9")
     assert grpo.report_to == ["tensorboard"] and grpo.learning_rate == 5e-5 and grpo.max_steps == 9
     assert grpo.chat_template_kwargs == {"reasoning_effort": "medium"} and model.lora_modules_to_save is None
@@ -470,7 +477,7 @@ def cli(tmp_path_factory):
     future)."""
     root = tmp_path_factory.mktemp("cli")
     preset = root / "float-for-int.yaml"
-    preset.write_text(Path(DEMO).read_text() + "\nmax_steps: 2.5\n")
+    preset.write_text(demo_with("max_steps: 2.5"))
     offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "hf"), "HF_TOKEN": ""}
     cases = {
         "help": (["--help"], None),
