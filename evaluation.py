@@ -217,8 +217,6 @@ def generation_config(options, tokenizer, max_new_tokens: int, *, greedy: bool =
                             disable_compile=True)  # fmt: skip
 
 
-
-
 def batch_sizes(samples: int, batch_size: int) -> list[int]:
     """How many samples each generation batch holds: every batch is seeded on its own (sample_batch), so the
     samples do not depend on which process generates which batch."""

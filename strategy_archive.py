@@ -618,7 +618,6 @@ def load_state(archive: StrategyArchive, checkpoint: Path) -> None:
     log.info(f"strategy archive: continuing {checkpoint}'s, {len(archive.entries)} distinct strategies")
 
 
-
 STATE_TYPES = {"format": int, "board": dict, "seeds": list, "credit": float, "training_seconds": float, "steps": int,
                "answers": int, "spent_seconds": float, "reported": str | None, "entries": list}  # fmt: skip
 HELD_OUT_TYPES = {"games": int, "reward": float, "score": float, "win_rate": float, "max_tile": int, "seconds": float,

@@ -22,11 +22,11 @@ from test_mistakes import checkpoint, finished_run, record
 import demo_data
 import evaluate_2048
 import merge_2048
-import models
 import rewards
 import run_folder
 import saving
 import train_2048
+import trained_base
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = str(REPO / "configs" / "cpu-demo.yaml")
@@ -303,7 +303,7 @@ def tiny(tmp_path_factory) -> Path:
     model = get_peft_model(LlamaForCausalLM.from_pretrained(root / "base"), LoraConfig(r=2, target_modules=["q_proj"]))
     model.save_pretrained(root / "adapter")
     tokenizer.save_pretrained(root / "adapter")
-    models.write_base_identity(root / "adapter", models.base_identity(str(root / "base")))
+    trained_base.write_base_identity(root / "adapter", trained_base.base_identity(str(root / "base")))
     return root
 
 
