@@ -9,8 +9,8 @@ answers: the budget a completion needs. The base model's own answers to the pres
 end of the answer (eos), to the close of its first code block, and what the rewards make of it.
 
 memory: train_2048.py runs of a few GRPO steps, one process each, one at a time; the peak resident memory of the
-process (getrusage of the child: what the kernel counted, the model's load included) and the median step time from
-metrics.jsonl. Every completion is forced to the same length (min_new_tokens = max_completion_length), so each variant
+process (getrusage of the child: what the kernel counted, the model's load included), the median step time from
+metrics.jsonl (wall time: on a shared machine it moves with the load) and the process's CPU time (steadier). Every completion is forced to the same length (min_new_tokens = max_completion_length), so each variant
 trains on batches of one shape and the peaks compare. The variants change how a step is computed, not what it
 learns: the 8 completions of a group in micro-batches of 8, 2 or 1 (TRL's dapo loss divides by the tokens of the
 whole generation batch, so the sum over micro-batches is the same gradient), with and without gradient checkpointing;
@@ -120,7 +120,7 @@ def describe(values: list[int]) -> str:
 
 def memory(args) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-real-"))
-    print(f"{'variant':15} {'peak RSS GB':>11} {'step s (median)':>16}  flags")
+    print(f"{'variant':15} {'peak RSS GB':>11} {'step s (median)':>16} {'CPU s':>10}  flags")
     for name in args.variants:
         preset, flags = VARIANTS[name]
         out = work / name
@@ -137,7 +137,8 @@ def memory(args) -> None:
             raise SystemExit(f"{name} failed ({' '.join(command)}):\n{(work / f'{name}.log').read_text()[-3000:]}")
         steps = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "time/step_s" in m]
         step = statistics.median(m["time/step_s"] for m in steps)
-        print(f"{name:15} {usage.ru_maxrss / 2**20:>11.2f} {step:>16.1f}  {' '.join(flags)}  "
+        cpu = usage.ru_utime + usage.ru_stime  # the whole process: start-up and load included
+        print(f"{name:15} {usage.ru_maxrss / 2**20:>11.2f} {step:>16.1f} {cpu:>10.0f}  {' '.join(flags)}  "
               f"({time.monotonic() - started:.0f} s wall, load {os.getloadavg()[0]:.1f})", flush=True)  # ru_maxrss: kB
 
 

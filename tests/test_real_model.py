@@ -161,19 +161,18 @@ def test_its_answers_end_at_its_own_end_of_turn(run, cache, monkeypatch):
     import models
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    tokenizer_eos = json.loads((run / "final" / "tokenizer_config.json").read_text())["eos_token"]
-    assert tokenizer_eos == "<|im_end|>"
     model, tokenizer = models.load_model(NAME, ModelConfig(), adapter=str(run / "final"))
     question = [{"role": "user", "content": "What is the capital of France?"}]  # the base says so in 8 tokens
     inputs = tokenizer.apply_chat_template(question, add_generation_prompt=True,
                                            return_tensors="pt", return_dict=True)  # fmt: skip
     (ids,) = evaluation.sample_batch(model, tokenizer, inputs, index=0, size=1, seed=0, temperature=0.0,
                                      max_new_tokens=32)  # fmt: skip
-    special = set(tokenizer.all_special_ids)
+    special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}  # <|im_end|> whatever eos is
     assert tokenizer.eos_token_id in ids, tokenizer.decode(ids)
     answer = ids[: ids.index(tokenizer.eos_token_id)]
     assert "Paris" in tokenizer.decode(answer) and not special & set(answer), tokenizer.decode(ids)
     assert ids[ids.index(tokenizer.eos_token_id) :] == [tokenizer.eos_token_id] * (len(ids) - len(answer))  # then padding
+    assert json.loads((run / "final" / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
 
 
 @pytest.mark.slow
