@@ -3,6 +3,11 @@
     python bench/bench_real_model.py answers --samples 16 --max_new_tokens 512 --temperature 0.7
     python bench/bench_real_model.py memory                       # peak memory and step time, real model and demo
     python bench/bench_real_model.py memory --variants before after --steps 1 --tokens 489
+    python bench/bench_real_model.py threads                      # 1 torch thread against 2, alternately
+
+threads: the same seeded generation (2 answers of 48 tokens, as the CI test's run) on 1 and on 2 torch threads, in
+turn, with the wall and CPU time of each: on a CPU shared with other jobs, threads that wait on each other at every
+operation cost more than they bring.
 
 answers: the budget a completion needs. The base model's own answers to the preset's prompt, sampled as TRL samples
 (top_k 0, top_p 1, the given temperature) with a large budget, one at a time on one thread: for each, its tokens to the
@@ -118,6 +123,31 @@ def describe(values: list[int]) -> str:
     return f"median {statistics.median(values):.0f}, 90% {quantile(0.9)}, max {values[-1]}"
 
 
+def threads(args) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    import evaluation
+    import packaged_model
+    import rewards
+
+    path = packaged_model.resolve("smollm2-135m-instruct")
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval()
+    inputs = evaluation.prompt_inputs(tokenizer, rewards.RewardSettings(size=3, target=128), {})
+    sampling = GenerationConfig(do_sample=True, top_k=0, max_new_tokens=48, min_new_tokens=48,
+                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    batch = {k: v.repeat(2, 1) for k, v in inputs.items()}
+    for round_ in range(args.rounds):
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            torch.manual_seed(round_)
+            wall, cpu = time.perf_counter(), time.process_time()
+            with torch.no_grad():
+                model.generate(**batch, generation_config=sampling)
+            print(f"round {round_ + 1}, {count} thread{'s' if count > 1 else ''}: {time.perf_counter() - wall:.1f} s "
+                  f"wall, {time.process_time() - cpu:.1f} s CPU (load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+
+
 def memory(args) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-real-"))
     print(f"{'variant':15} {'peak RSS GB':>11} {'step s (median)':>16} {'CPU s':>10}  flags")
@@ -154,8 +184,10 @@ def main() -> None:
     m.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     m.add_argument("--steps", type=int, default=2)
     m.add_argument("--tokens", type=int, default=256, help="every completion's length")
+    t = sub.add_parser("threads")
+    t.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    answers(args) if args.what == "answers" else memory(args)
+    {"answers": answers, "memory": memory, "threads": threads}[args.what](args)
 
 
 if __name__ == "__main__":
