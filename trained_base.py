@@ -181,6 +181,7 @@ def resolve_base(adapter: Path, override: str | None, option: str) -> str:
     BaseRefused, one line naming `option`, when the record cannot be read, when models are found and none is the
     trained one, or when nothing is found at all. Callers map the result to the checkpoint they load
     (merging.merge_base: the 16-bit original; models.FUSED_CHECKPOINT: transformers' layout)."""
+    import packaged_model
     import user_files
 
     if override:
@@ -205,7 +206,12 @@ def resolve_base(adapter: Path, override: str | None, option: str) -> str:
     if identity["in_run"]:
         candidates.append(run / identity["in_run"])
     candidates += [run / Path(name).name for name in recorded]
-    # (a model a package ships, found by its name: its folder goes here, before the hub is asked)
+    packaged = next((n for n in (identity["name"], named) if n in packaged_model.MODELS), None)
+    if packaged and not any((c / "config.json").is_file() for c in candidates):
+        try:  # a model a package ships, by its name: its folder, made again from the package if it went
+            candidates.append(Path(packaged_model.resolve(packaged)))
+        except packaged_model.Refused as error:
+            raise BaseRefused(f"{error}; or {option} names the base model") from None
     found, refused = [], None
     for folder in dict.fromkeys(candidates):
         if not (folder / "config.json").is_file():
