@@ -503,3 +503,19 @@ def prompt_tokens(tokenizer, settings: RewardSettings, reasoning_effort: str = "
                                              return_dict=True)  # fmt: skip
     return len(rendered["input_ids"])
 
+
+def budget_warnings(tokenizer, settings: RewardSettings, budget: int, reasoning_effort: str = "low",
+                    max_seq_length: int | None = None) -> list[str]:  # fmt: skip
+    """The lines said at start when the token budget cannot hold what the reward pays for: a completion cut off before
+    its code block closes holds no code, so a budget below a board-reading answer leaves only board-blind ones to
+    learn; `max_seq_length` (Unsloth's context) must hold the prompt and the budget."""
+    analysis, answer = completion_need(tokenizer)
+    lines = []
+    if budget < analysis + answer:
+        lines.append(f"max_completion_length {budget} cannot hold a board-reading answer: {analysis} tokens of analysis "
+                     f"and {answer} for a compact search answer need {analysis + answer} (docs/TRAINING.md, Token budget)")  # fmt: skip
+    prompt = prompt_tokens(tokenizer, settings, reasoning_effort)
+    if max_seq_length is not None and prompt + budget > max_seq_length:
+        lines.append(f"max_seq_length {max_seq_length} cannot hold the prompt ({prompt} tokens) and "
+                     f"max_completion_length {budget}: raise it to {prompt + budget} or more")  # fmt: skip
+    return lines

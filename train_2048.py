@@ -93,8 +93,6 @@ class NoFollowFileHandler(logging.FileHandler):
     """logging's file handler, opening training.log without following a symbolic link (user_files.open_append)."""
 
     def _open(self):
-        import user_files
-
         return user_files.open_append(Path(self.baseFilename))
 
 
@@ -106,7 +104,6 @@ def start_logging(output_dir: Path, state) -> None:
     """
     logging.raiseExceptions = False  # a log line that cannot be written (a full disk) is dropped, not a traceback
     if state.is_main_process:
-
         try:
             output_dir.mkdir(parents=True, exist_ok=True)
             logfile = NoFollowFileHandler(output_dir / "training.log")
@@ -161,24 +158,6 @@ def load_policy(script_args, training_args, model_args, backend: str, prompt: st
     return model, tokenizer
 
 
-def check_budget(tokenizer, settings, script_args, training_args, model_name: str, backend: str, reasoning: str) -> None:
-    """One warning line when the token budget cannot hold what the reward pays for: a completion cut off before its
-    code block closes holds no code, so a budget below a board-reading answer leaves only board-blind ones to learn."""
-    if model_name == demo_data.TINY:
-        return  # the demo's budget is set by its own example answers (tests/test_train.py checks they fit)
-    analysis, answer = rewards.completion_need(tokenizer)
-    prompt = rewards.prompt_tokens(tokenizer, settings, reasoning)
-    budget = training_args.max_completion_length
-    if budget < analysis + answer:
-        log.warning(
-            f"max_completion_length {budget} cannot hold a board-reading answer: {analysis} tokens of analysis and "
-            f"{answer} for a compact search answer need {analysis + answer} (docs/TRAINING.md, Token budget)"
-        )
-    if backend == "unsloth" and prompt + budget > script_args.max_seq_length:
-        log.warning(f"max_seq_length {script_args.max_seq_length} cannot hold the prompt ({prompt} tokens) and "
-                    f"max_completion_length {budget}: raise it to {prompt + budget} or more")  # fmt: skip
-
-
 def run_grpo(trainer, ctrl_c, bar, checkpoint: Path | None) -> bool:
     """trainer.train() with Ctrl-C handled (a checkpoint at the end of the step); True when Ctrl-C stopped it. A disk
     that fills up (or any write that fails) stops the run with one line; the checkpoint it was writing is removed
@@ -204,10 +183,6 @@ def run_grpo(trainer, ctrl_c, bar, checkpoint: Path | None) -> bool:
     finally:
         signal.signal(signal.SIGINT, previous)
     return ctrl_c.requested
-
-
-def one_line(exc: BaseException | None, limit: int = 200) -> str:
-    return options.one_line(exc, limit)
 
 
 def last_complete(output_dir: Path) -> str:
@@ -309,7 +284,7 @@ def hold_the_folder(plan, state) -> None:
         except run_folder.Finished as exc:
             verdict = ("finished", str(exc), 0)
         except OSError as exc:
-            verdict = ("refused", f"output_dir {plan.output_dir}: {one_line(exc)}", 2)
+            verdict = ("refused", f"output_dir {plan.output_dir}: {options.one_line(exc)}", 2)
     if state.num_processes > 1:
         from accelerate.utils import broadcast_object_list
 
@@ -358,16 +333,19 @@ def load_or_leave(plan, prompt: str, state):
         leave_as_found(state)
         if isinstance(exc, models.LoraRefused):
             die(str(exc))
-        die(f"cannot load model {plan.model_args.model_name_or_path}: {one_line(exc, 300)}")
+        die(f"cannot load model {plan.model_args.model_name_or_path}: {options.one_line(exc, 300)}")
     if plan.checkpoint is not None:
         compare_adapters(model, plan.checkpoint)
     problem = options.warm_start_problem(tokenizer, prompt, plan.script_args) if plan.checkpoint is None else None
     if problem:
         leave_as_found(state)
         die(problem)
-    reasoning = (plan.training_args.chat_template_kwargs or {}).get("reasoning_effort", "low")
-    check_budget(tokenizer, plan.settings, plan.script_args, plan.training_args, plan.model_args.model_name_or_path,
-                 plan.backend, reasoning)  # fmt: skip
+    if plan.model_args.model_name_or_path != demo_data.TINY:  # the demo's budget is its example answers' (test_train)
+        reasoning = (plan.training_args.chat_template_kwargs or {}).get("reasoning_effort", "low")
+        unsloth_length = plan.script_args.max_seq_length if plan.backend == "unsloth" else None
+        for line in rewards.budget_warnings(tokenizer, plan.settings, plan.training_args.max_completion_length,
+                                            reasoning, unsloth_length):  # fmt: skip
+            log.warning(line)
     return model, tokenizer
 
 
@@ -391,24 +369,9 @@ def save(trainer, tokenizer, settings, plan) -> int:
         prompt_inputs=evaluation.prompt_inputs(tokenizer, settings, plan.training_args.chat_template_kwargs or {}),
     )  # fmt: skip
     log.info(f"done after {steps} steps: {grpo.adapters_said(trainer, plan.output_dir)}. TensorBoard: "
-             f"{tensorboard_command(plan.output_dir)} (its Custom Scalars tab, #custom_scalars, has the charts that "
+             f"{grpo.tensorboard_command(plan.output_dir)} (its Custom Scalars tab, #custom_scalars, has the charts that "
              "say whether it learned)")  # fmt: skip
     return 0 if ok else 1
-
-
-def tensorboard_command(output_dir: Path) -> str:
-    """The command that opens this run in TensorBoard from here: the one installed beside this Python (setup.sh's
-    .venv/bin/tensorboard, not on PATH until the venv is activated), else whatever PATH has."""
-    import shlex
-    import shutil
-
-    beside = Path(sys.executable).parent / "tensorboard"
-    if beside.is_file():
-        relative = os.path.relpath(beside)
-        program = [relative if not relative.startswith("..") else str(beside)]
-    else:
-        program = ["tensorboard"] if shutil.which("tensorboard") else [sys.executable, "-m", "tensorboard.main"]
-    return shlex.join([*program, "--logdir", str(output_dir)])
 
 
 def main(argv: list[str] | None = None) -> int:

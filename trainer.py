@@ -12,7 +12,9 @@ import contextlib
 import json
 import logging
 import math
+import os
 import socket
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -687,3 +689,18 @@ def make_trainer(model, tokenizer, settings, plan, state, writer=None):
         if archive is not None:
             archive.writer = writer
     return trainer, ctrl_c, bar
+
+
+def tensorboard_command(output_dir: Path) -> str:
+    """The command that opens this run in TensorBoard from here: the one installed beside this Python (setup.sh's
+    .venv/bin/tensorboard, not on PATH until the venv is activated), else whatever PATH has."""
+    import shlex
+    import shutil
+
+    beside = Path(sys.executable).parent / "tensorboard"
+    if beside.is_file():
+        relative = os.path.relpath(beside)
+        program = [relative if not relative.startswith("..") else str(beside)]
+    else:
+        program = ["tensorboard"] if shutil.which("tensorboard") else [sys.executable, "-m", "tensorboard.main"]
+    return shlex.join([*program, "--logdir", str(output_dir)])

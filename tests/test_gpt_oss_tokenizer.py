@@ -175,20 +175,12 @@ def test_every_gpt_oss_preset_holds_the_prompt_an_analysis_and_a_search_answer(t
     assert script.max_seq_length >= prompt + grpo.max_completion_length, (script.max_seq_length, prompt)
 
 
-def test_a_budget_that_cannot_hold_the_answer_warns_once_at_start_with_the_numbers(tokenizer, caplog):
-    import logging
-
-    import train_2048
-
+def test_a_budget_that_cannot_hold_the_answer_warns_once_at_start_with_the_numbers(tokenizer):
     script, settings, grpo = preset("notebook")
-    with caplog.at_level(logging.WARNING, logger="train_2048"):
-        train_2048.check_budget(tokenizer, settings, script, grpo, "unsloth/gpt-oss-20b", "unsloth", "low")
-    lines = [r.getMessage() for r in caplog.records]
+    lines = rewards.budget_warnings(tokenizer, settings, grpo.max_completion_length, "low", script.max_seq_length)
     assert len(lines) == 2, lines  # 586 tokens hold no search answer; 768 do not hold the prompt and 586 more
     assert lines[0].startswith("max_completion_length 586 cannot hold a board-reading answer: 256 tokens of analysis")
     assert lines[1].startswith("max_seq_length 768 cannot hold the prompt (")
-    caplog.clear()
+    assert rewards.budget_warnings(tokenizer, settings, grpo.max_completion_length, "low")[1:] == []  # no Unsloth
     script, settings, grpo = preset("gpt-oss-20b")
-    with caplog.at_level(logging.WARNING, logger="train_2048"):
-        train_2048.check_budget(tokenizer, settings, script, grpo, "unsloth/gpt-oss-20b", "unsloth", "low")
-    assert caplog.records == []
+    assert rewards.budget_warnings(tokenizer, settings, grpo.max_completion_length, "low", script.max_seq_length) == []

@@ -21,6 +21,7 @@ import options
 import run_folder
 import saving
 import train_2048
+import trainer
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = str(REPO / "configs" / "cpu-demo.yaml")
@@ -539,7 +540,7 @@ def test_metrics_of_redone_steps_are_dropped_on_resume(tmp_path):
 
 
 def test_the_last_line_names_a_tensorboard_that_runs(tmp_path):
-    command = train_2048.tensorboard_command(tmp_path / "my run")
+    command = trainer.tensorboard_command(tmp_path / "my run")
     program = command.split(" --logdir ")[0]
     assert os.access(program, os.X_OK) or program == "tensorboard", command
     assert command.endswith(f"--logdir '{tmp_path / 'my run'}'")
