@@ -174,8 +174,8 @@ def test_its_answers_end_at_its_own_end_of_turn(run, cache, monkeypatch):
     question = [{"role": "user", "content": "What is the capital of France?"}]  # the base says so in 8 tokens
     inputs = tokenizer.apply_chat_template(question, add_generation_prompt=True,
                                            return_tensors="pt", return_dict=True)  # fmt: skip
-    (ids,) = evaluation.sample_batch(model, tokenizer, inputs, index=0, size=1, seed=0, temperature=0.0,
-                                     max_new_tokens=32)  # fmt: skip
+    greedy = evaluation.generation_config(evaluation.sampling_options(), tokenizer, 32, greedy=True)
+    (ids,) = evaluation.sample_batch(model, tokenizer, inputs, index=0, size=1, seed=0, config=greedy)
     special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}  # <|im_end|> whatever eos is
     assert tokenizer.eos_token_id in ids, tokenizer.decode(ids)
     answer = ids[: ids.index(tokenizer.eos_token_id)]
