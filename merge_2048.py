@@ -150,7 +150,7 @@ def check_output(output: Path, overwrite: bool) -> None:
     published or a run claims. One line and exit 2 otherwise, nothing touched."""
     inside = run_folder.inside_a_run(output.parent)  # the folder itself may be a merge's, or the run's own name
     if inside:
-        die(f"--output_dir {output}: {output.parent} {inside}: name a folder outside it")
+        die(f"--output_dir {output} {inside}: name a folder outside it")
     if not (output.exists() or output.is_symlink()):
         return
     if output.is_symlink() or not output.is_dir():
