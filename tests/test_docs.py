@@ -75,6 +75,6 @@ def test_readme_names_pages_and_make_targets_that_exist():
     readme = (ROOT / "README.md").read_text()
     pages = set(re.findall(r"docs/[A-Z_]+\.md", readme))
     assert pages and all((ROOT / page).is_file() for page in pages), [p for p in pages if not (ROOT / p).is_file()]
-    targets = set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(), re.M))
-    named = set(re.findall(r"(?:^|`)make ([a-z][a-z-]*)", readme, re.M))  # commands, not "make room"
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", (ROOT / "Makefile").read_text(), re.M))
+    named = set(re.findall(r"(?:^|`)make ([a-z][a-z0-9-]*)", readme, re.M))  # commands, not "make room"
     assert {"demo", "test"} <= named <= targets, named - targets
