@@ -265,7 +265,8 @@ def merge_adapters(adapter: Path, base: Path, out: Path, products: dict, whole: 
     _collect()
     weights = judge_weights(out, base, products, whole, transposed, dtype)
     report = {"adapter": str(adapter), "base": str(base), "dtype": str(dtype).removeprefix("torch."), **weights,
-              "adapters_kl": None, "kl_to_unmerged": None, "kept_effect": None, "kept_effect_error": None}  # fmt: skip
+              "adapters_kl": None, "kl_to_unmerged": None, "adapters_kl_median": None, "kl_to_unmerged_median": None,
+              "kept_effect": None, "kept_effect_error": None}  # fmt: skip
     if report["wrong"]:
         return report
     room = _float32_room(base)
@@ -291,6 +292,7 @@ def merge_adapters(adapter: Path, base: Path, out: Path, products: dict, whole: 
     _collect()
     kept = kept_effect({"trained": trained, "base": plain}, got)
     report.update(adapters_kl=mean_kl(trained, plain), kl_to_unmerged=mean_kl(trained, got),
+                  adapters_kl_median=median_kl(trained, plain), kl_to_unmerged_median=median_kl(trained, got),
                   kept_effect=kept[0] if kept else None, kept_effect_error=kept[1] if kept else None,
                   positions=sum(len(s) - start for s in sequences))  # fmt: skip
     return report
@@ -541,10 +543,23 @@ def _logprobs(model, sequences: list[list[int]], start: int) -> list:
     return out
 
 
+def kl_per_position(reference: list, other: list) -> list[float]:
+    """KL(reference || other) at each position, in nats."""
+    return [float(kl) for p, q in zip(reference, other) for kl in (p.exp() * (p - q)).sum(-1)]
+
+
 def mean_kl(reference: list, other: list) -> float:
     """Mean KL(reference || other) per position, in nats."""
-    total = sum(float((p.exp() * (p - q)).sum()) for p, q in zip(reference, other))
-    return total / max(1, sum(p.shape[0] for p in reference))
+    values = kl_per_position(reference, other)
+    return sum(values) / max(1, len(values))
+
+
+def median_kl(reference: list, other: list) -> float:
+    """The median position's KL: one token whose top-k experts flip between two models (routing is discontinuous)
+    weighs more in the mean than every other position together; the median is what the rest say."""
+    import statistics
+
+    return statistics.median(kl_per_position(reference, other) or [0.0])
 
 
 def kept_effect(reference: dict, saved: list) -> tuple[float, float] | None:

