@@ -527,11 +527,11 @@ MAX_UNBOUNDED = 4  # repeats along one path of a target_modules pattern: Unsloth
 
 def safetensors_problem(file: Path) -> str | None:
     """What is wrong with a safetensors file's header, checked before a tensor is read: a regular file, then
-    run_folder.safetensors_damage (every tensor's dtype known, its shape filling its bytes, the ranges tiling the data
+    checkpoint_state.safetensors_damage (every tensor's dtype known, its shape filling its bytes, the ranges tiling the data
     the file holds)."""
     import stat
 
-    import run_folder
+    import checkpoint_state
 
     try:
         info = os.stat(file)
@@ -539,7 +539,7 @@ def safetensors_problem(file: Path) -> str | None:
         return f"cannot be read ({error.strerror or error})"
     if not stat.S_ISREG(info.st_mode):
         return "not a regular file"
-    return run_folder.safetensors_damage(file)
+    return checkpoint_state.safetensors_damage(file)
 
 
 def weights_damage(folder: Path) -> str | None:

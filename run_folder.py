@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import stat
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,8 +77,8 @@ def survey(path: Path, fd: int) -> Survey:
     names = set(os.listdir(fd)) - {LOCK}
     record = read_manifest(path, fd) if MANIFEST in names else None
     checkpoint, skipped = None, []
-    for found in checkpoints(path):
-        problem = checkpoint_damage(found)
+    for found in checkpoint_state.checkpoints(path):
+        problem = checkpoint_state.checkpoint_damage(found)
         if problem is None:
             checkpoint = found
             break
@@ -354,7 +353,7 @@ def decide(s: Survey, *, resume: str | None, overwrite: bool, max_steps: int) ->
     loadable = "continue it with --resume auto, " if s.checkpoint is not None else ""
     if resume not in (None, "auto"):  # a checkpoint named: its own folder's run, or a new folder
         checkpoint = Path(resume)
-        problem = checkpoint_damage(checkpoint)
+        problem = checkpoint_state.checkpoint_damage(checkpoint)
         if problem:
             raise FolderRefused(f"--resume {resume}: not a checkpoint that can be loaded ({problem})")
         if checkpoint.resolve().parent != where.resolve() and s.state in (RUN, OLDER):
@@ -374,9 +373,9 @@ def decide(s: Survey, *, resume: str | None, overwrite: bool, max_steps: int) ->
                                 "yourself, then run again, or give another --output_dir")  # fmt: skip
         held.clear = sorted(claims, reverse=True)
     elif s.state == RUN:
-        at = f" at step {checkpoint_step(s.checkpoint)}" if s.checkpoint else ""
-        if s.checkpoint is not None and 0 < max_steps <= checkpoint_step(s.checkpoint):
-            loadable = f"continue it with --resume auto and a --max_steps above {checkpoint_step(s.checkpoint)}, "
+        at = f" at step {checkpoint_state.checkpoint_step(s.checkpoint)}" if s.checkpoint else ""
+        if s.checkpoint is not None and 0 < max_steps <= checkpoint_state.checkpoint_step(s.checkpoint):
+            loadable = f"continue it with --resume auto and a --max_steps above {checkpoint_state.checkpoint_step(s.checkpoint)}, "
         raise FolderRefused(f"output_dir {where} holds a run{at}: {loadable}{start_over(present_adopted)}, or give "
                             "another --output_dir")  # fmt: skip
     elif s.state == OLDER and resume == "auto" and s.checkpoint is not None:
@@ -443,7 +442,7 @@ def archive_link(path: Path) -> bool:
 def finished(where: Path, checkpoint: Path, max_steps: int) -> None:
     """A resume never trains past the end it was given: Finished when the checkpoint stands exactly there,
     FolderRefused beyond it."""
-    step = checkpoint_step(checkpoint)
+    step = checkpoint_state.checkpoint_step(checkpoint)
     if step > max_steps:
         raise FolderRefused(f"--max_steps {max_steps}: {checkpoint} is at step {step} already, so nothing is "
                             f"trained or replaced: raise --max_steps above {step} to go on")  # fmt: skip
@@ -637,148 +636,6 @@ def claims_of(folder: Path) -> list[str]:
         return read_manifest(folder)["claims"]
     except FolderRefused:
         return []
-
-
-# --- checkpoints ----------------------------------------------------------------------------------------------------
-
-def checkpoint_step(checkpoint: Path) -> int:
-    import user_files
-
-    return int(user_files.read_json(checkpoint / "trainer_state.json", what="trainer_state.json")["global_step"])
-
-
-def checkpoints(output_dir: Path) -> list[Path]:
-    """The folder's checkpoint-N folders, newest first."""
-    found = [(int(p.name[11:]), p) for p in output_dir.glob("checkpoint-*") if p.name[11:].isdigit() and
-             p.is_dir() and not p.is_symlink()]  # fmt: skip
-    return [p for _, p in sorted(found, reverse=True)]
-
-
-def last_complete(output_dir: Path) -> Path | None:
-    """The newest checkpoint that can be loaded."""
-    return next((p for p in checkpoints(output_dir) if checkpoint_damage(p) is None), None)
-
-
-def checkpoint_damage(path: Path) -> str | None:
-    """Why --resume could not load this checkpoint, read cheaply before the model loads (None: it can). What resume
-    reads: trainer_state.json, written last (transformers writes checkpoint-N in place, so a save cut short lacks
-    it), naming the folder's step; the weights, their safetensors header against the file's size; every torch file
-    (optimizer, scheduler, RNG state) whole, by its zip checksums."""
-    import user_files
-
-    if not path.is_dir():
-        return f"{path} is not a folder"
-    try:
-        state = user_files.read_json(path / "trainer_state.json", what="trainer_state.json")
-        step = state["global_step"]
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"global_step {step!r}")
-    except (user_files.FileRefused, ValueError, TypeError, KeyError) as exc:
-        return f"its trainer_state.json cannot be read ({user_files.shorten(f'{type(exc).__name__}: {exc}', 120)})"
-    match = re.fullmatch(r"checkpoint-(\d+)", path.name)
-    if match and step != int(match.group(1)):
-        return f"its trainer_state.json is of step {step}, not {match.group(1)}"
-    problem = checkpoint_state.problem(path / "trainer_state.json")  # the record transformers builds its state from
-    if problem:
-        return problem
-    if (path / "adapter_config.json").is_file() and not any(path.glob("adapter_model.*")):
-        return "its adapters' weights (adapter_model.safetensors) are missing"
-    for file in sorted(path.glob("*.safetensors")):
-        problem = safetensors_damage(file)
-        if problem:
-            return f"{file.name} is damaged ({problem})"
-    tensors = checkpoint_state.tensor_count(path)  # the state's bounds grow with the trained tensors
-    for file in sorted([*path.glob("*.pt"), *path.glob("*.pth"), *path.glob("*.bin")]):
-        try:
-            with zipfile.ZipFile(file) as saved:
-                bad = saved.testzip()
-        except (OSError, zipfile.BadZipFile, EOFError, ValueError):
-            return f"{file.name} is damaged (not a whole torch file: cut short, or overwritten)"
-        if bad is not None:
-            return f"{file.name} is damaged (its part {bad} fails its checksum)"
-        problem = checkpoint_state.problem(file, tensors) if file.name != "training_args.bin" else None  # never loaded
-        if problem:
-            return f"{file.name} {problem}"
-    return None
-
-
-DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-               "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
-
-
-def safetensors_damage(file: Path) -> str | None:
-    """What is wrong with a safetensors file's framing, read from its header alone: a header that does not parse,
-    a tensor whose shape and dtype do not fill its byte range (a header claiming a 2^40 x 2^40 tensor), ranges that
-    overlap or leave gaps, or data the file does not hold."""
-    try:
-        with open(file, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(size)) if 0 < size < 100_000_000 else None
-        spans = []
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            start, end = entry["data_offsets"]
-            count = 1
-            for n in entry["shape"]:
-                if not isinstance(n, int) or n < 0:
-                    return f"{name}: shape {entry['shape']}"
-                count *= n
-            if entry["dtype"] not in DTYPE_BYTES or not (isinstance(start, int) and isinstance(end, int)):
-                return f"{name}: dtype {entry['dtype']}"
-            if end - start != count * DTYPE_BYTES[entry["dtype"]]:
-                return f"{name}: shape {entry['shape']} of {entry['dtype']} does not fill bytes {start}-{end}"
-            spans.append((start, end))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return "its header does not parse"
-    spans.sort()
-    if any(a[1] != b[0] for a, b in zip(spans, spans[1:])) or (spans and spans[0][0] != 0):
-        return "its tensors' byte ranges overlap or leave gaps"
-    expected = 8 + size + max((end for _, end in spans), default=0)
-    actual = file.stat().st_size
-    return None if actual == expected else f"{actual} bytes where its header describes {expected}"
-
-
-def adapter_differences(model, checkpoint: Path) -> str | None:
-    """How the built model's adapters differ from the checkpoint's, tensor by tensor (names and shapes, from the
-    file's header); None when they are the same (or there are none to compare)."""
-    from peft import get_peft_model_state_dict
-    from safetensors import safe_open
-
-    file = checkpoint / "adapter_model.safetensors"
-    if not hasattr(model, "peft_config") or not file.is_file():
-        return None
-    ours = {name: tuple(t.shape) for name, t in get_peft_model_state_dict(model).items()}
-    with safe_open(str(file), framework="pt") as f:
-        theirs = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
-    if ours == theirs:
-        return None
-    missing, extra = sorted(theirs.keys() - ours.keys()), sorted(ours.keys() - theirs.keys())
-    reshaped = sorted(n for n in ours.keys() & theirs.keys() if ours[n] != theirs[n])
-    return "; ".join(f"{what}: {len(names)} ({names[0]})" for what, names in
-                     (("saved, not in these adapters", missing), ("new here", extra), ("another shape", reshaped))
-                     if names)  # fmt: skip
-
-
-def drop_later_metrics(metrics: Path, checkpoint: Path) -> None:
-    """A resume redoes the steps after its checkpoint: their earlier lines go (and a line cut short by a kill), so
-    metrics.jsonl stays one run's steps in order."""
-    step = checkpoint_step(checkpoint)
-    if not metrics.is_file() or metrics.is_symlink():
-        return
-    kept = []
-    for line in metrics.read_text().splitlines(keepends=True):
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                kept.append(line)
-        except ValueError:
-            continue
-    import user_files
-
-    tmp = metrics.with_name(f".train_2048-metrics.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    user_files.write_new(tmp, "".join(kept))
-    os.replace(tmp, metrics)
 
 
 def writable(path: Path) -> bool:

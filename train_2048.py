@@ -29,6 +29,7 @@ import signal
 import sys
 from pathlib import Path
 
+import checkpoint_state
 import demo_data
 import models
 import options
@@ -56,7 +57,7 @@ def compare_adapters(model, checkpoint: Path) -> None:
     """The built model's adapters against the checkpoint's: --lora_target_modules or --lora_modules_to_save that
     differ from the run's stop here, in one line, not as a traceback in the optimizer's load or a resume that silently
     leaves some adapters fresh."""
-    differences = run_folder.adapter_differences(model, checkpoint)
+    differences = checkpoint_state.adapter_differences(model, checkpoint)
     if differences:
         die(f"--resume: {checkpoint}'s adapters are not the ones these options build ({differences}); resume with "
             "the run's own --lora_target_modules and --lora_modules_to_save, or start a new run in another "
@@ -172,7 +173,7 @@ def run_grpo(trainer, ctrl_c, bar, checkpoint: Path | None) -> bool:
         import shutil
 
         said = user_files.write_failure(exc.__cause__, output_dir)  # a full disk named as one, before space is freed
-        if trainer.is_world_process_zero() and run_folder.checkpoint_damage(exc.folder):
+        if trainer.is_world_process_zero() and checkpoint_state.checkpoint_damage(exc.folder):
             shutil.rmtree(exc.folder, ignore_errors=True)  # a half-written one, and the space it held
         grpo.close_bars(bar)
         die(f"cannot write {exc.folder} ({said}): {last_complete(output_dir)}")
@@ -187,7 +188,7 @@ def run_grpo(trainer, ctrl_c, bar, checkpoint: Path | None) -> bool:
 
 def last_complete(output_dir: Path) -> str:
     """Where a stopped run stands: its last complete checkpoint, and how to go on."""
-    last = run_folder.last_complete(output_dir)
+    last = checkpoint_state.last_complete(output_dir)
     if last is None:
         return "no checkpoint was completed"
     return f"the last complete checkpoint, {last.name}, is intact: --resume auto continues from it once there is room"
@@ -272,14 +273,14 @@ def hold_the_folder(plan, state) -> None:
                                    max_steps=plan.training_args.max_steps)  # fmt: skip
             try:
                 if held.checkpoint is not None:
-                    options.check_checkpoint(held.checkpoint, plan.training_args, plan.model_args, plan.output_dir)
+                    checkpoint_state.check_checkpoint(held.checkpoint, plan.training_args, plan.model_args, plan.output_dir)
                 held.start(push_to_hub=plan.training_args.push_to_hub)
             except BaseException:
                 held.release()
                 raise
             HELD.append(held)
             verdict = ("go", held.checkpoint, held.notes)
-        except (run_folder.FolderRefused, options.OptionError) as exc:
+        except (run_folder.FolderRefused, checkpoint_state.ResumeRefused) as exc:
             verdict = ("refused", str(exc), 2)
         except run_folder.Finished as exc:
             verdict = ("finished", str(exc), 0)
@@ -313,7 +314,7 @@ def announce(plan, state) -> None:
     if plan.checkpoint is not None:
         log.info(f"resuming from {plan.checkpoint}")
         if state.is_main_process:
-            run_folder.drop_later_metrics(plan.output_dir / "metrics.jsonl", plan.checkpoint)
+            checkpoint_state.drop_later_metrics(plan.output_dir / "metrics.jsonl", plan.checkpoint)
     elif (plan.script_args.resume or plan.training_args.resume_from_checkpoint) == "auto":
         log.info("--resume auto: no checkpoint yet, starting at step 0")
 

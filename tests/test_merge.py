@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+import checkpoint_state
 import demo_data
 import merge_2048
 import merging
 import models
 import options
 import rewards
-import run_folder
 import saving
 import trained_base
 
@@ -132,7 +132,7 @@ def test_a_checkpoint_merges_beside_itself_where_no_resume_or_rotation_takes_it_
     assert output == checkpoint.resolve().with_name("checkpoint-7-merged_16bit") and base == str(tiny / "base")
     output.mkdir()
     (output / "trainer_state.json").write_text(json.dumps({"global_step": 7}))  # as if it were one
-    assert run_folder.last_complete(tmp_path) == checkpoint and not _re_checkpoint.search(output.name)
+    assert checkpoint_state.last_complete(tmp_path) == checkpoint and not _re_checkpoint.search(output.name)
 
 
 # --- bad input: one line, exit 2, nothing written -----------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import checkpoint_state
 import evaluate_2048
 import options
 import run_folder
@@ -535,7 +536,7 @@ def test_metrics_of_redone_steps_are_dropped_on_resume(tmp_path):
     run = finished_run(tmp_path / "run")
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 5, "rew')  # a line cut short by kill -9
-    run_folder.drop_later_metrics(run / "metrics.jsonl", run / "checkpoint-2")
+    checkpoint_state.drop_later_metrics(run / "metrics.jsonl", run / "checkpoint-2")
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
