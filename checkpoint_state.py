@@ -139,7 +139,7 @@ def optimizer_problem(state) -> str | None:
 
 def scheduler_problem(state) -> str | None:
     """A learning-rate scheduler's state_dict: {name: a plain value, or a list of plain values or of mappings of them}
-    (LambdaLR's lr_lambdas). Which scheduler's it is, options.check_resume_state compares with the run's."""
+    (LambdaLR's lr_lambdas). Which scheduler's it is, check_resume_scheduler compares with the run's."""
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
         return f"is not a scheduler's state (a {kind(state)}, not a mapping of names)"
     for key, value in state.items():
