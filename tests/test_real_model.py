@@ -152,6 +152,7 @@ def test_a_run_trains_lora_on_its_own_answers_checkpoints_resumes_and_saves(run,
         assert -2 <= m["rewards/function_works/mean"] <= 1 and -20 <= m["rewards/no_cheating/mean"] <= 1
     assert {"checkpoint-1", "checkpoint-2", "final"} <= {p.name for p in run.iterdir()}
     assert f"verified {run / 'final'}" in log
+    assert "WARNING max_completion_length 48 cannot hold a board-reading answer" in log  # said at start, in its tokens
     adapter = json.loads((run / "final" / "adapter_config.json").read_text())
     assert not adapter["modules_to_save"] and set(adapter["target_modules"]) == {
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}  # fmt: skip
